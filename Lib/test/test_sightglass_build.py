@@ -13,7 +13,6 @@ import sys
 import sysconfig
 import tempfile
 import unittest
-from test import support
 
 
 def find_checkout():
@@ -96,7 +95,6 @@ class TreeToolTests(unittest.TestCase):
         self.assertIn("refusing", proc.stdout)
         self.assertIn(pins["sha256"], proc.stdout)
 
-    @support.requires_resource("cpu")
     def test_export_and_rematerialize_round_trip(self):
         real_build = os.path.join(REPO, "build")
         if not os.path.isdir(os.path.join(real_build, "base")):

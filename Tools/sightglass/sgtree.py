@@ -318,10 +318,13 @@ def matches(rel, patterns):
 
 
 def walk(root):
-    """Relative paths of files and symlinks under root, sorted."""
+    """Relative paths of files and symlinks under root, sorted.
+
+    Bytecode caches are left out: Python writes them beside any source.
+    """
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in dirnames:
             if os.path.islink(os.path.join(dirpath, name)):
                 filenames.append(name)
@@ -506,9 +509,18 @@ def is_own_link(lay, tree, rel):
 
 
 def regen_autoconf(lay, tree):
-    """Regenerate configure and pyconfig.h.in when configure.ac is patched."""
+    """Regenerate configure and pyconfig.h.in when configure.ac is patched.
+
+    Outputs are rewritten only when they change, so that the build reruns
+    configure only then.
+    """
     if same_file(os.path.join(tree, "configure.ac"),
                  os.path.join(lay.base, "configure.ac")):
+        for name in AUTOCONF_GENERATED:
+            if not same_file(os.path.join(lay.base, name),
+                             os.path.join(tree, name)):
+                shutil.copy2(os.path.join(lay.base, name),
+                             os.path.join(tree, name))
         return
     digest = sha256_file(os.path.join(tree, "configure.ac"))
     cached = os.path.join(lay.build, "autoconf-cache", digest)
@@ -528,13 +540,15 @@ def regen_autoconf(lay, tree):
         os.makedirs(os.path.dirname(cached))
         os.rename(tmp, cached)
     for name in AUTOCONF_GENERATED:
-        shutil.copy2(os.path.join(cached, name), os.path.join(tree, name))
+        if not same_file(os.path.join(cached, name), os.path.join(tree, name)):
+            shutil.copy2(os.path.join(cached, name), os.path.join(tree, name))
 
 
 def tracked_entries(lay, tree):
-    """{path: id} of a tree's entries, leaving out build-generated files."""
+    """{path: id} of a tree's entries, leaving out generated files."""
     return {rel: entry_id(os.path.join(tree, rel)) for rel in walk(tree)
-            if not matches(rel, BUILD_GENERATED)}
+            if not matches(rel, BUILD_GENERATED)
+            and rel not in AUTOCONF_GENERATED}
 
 
 def load_state(lay):
@@ -625,6 +639,7 @@ def sync(lay):
     if os.path.exists(os.path.join(lay.build, "base.stamp")) and \
             inputs_key(lay, pristine) == state["inputs"]:
         link_own_files(lay, lay.src)
+        regen_autoconf(lay, lay.src)    # configure.ac may be edited in place
         return
     log("patches changed: re-materializing build/src")
     materialize(lay, pristine)
