@@ -78,6 +78,58 @@ def build(lay, name, configure_args, jobs):
     return os.path.join(obj, "python")
 
 
+# Run by the installed interpreter: the modules that need the system
+# libraries the build dependencies provide, each doing real work.
+INSTALL_CHECKS = {
+    "ssl": "import ssl; ssl.create_default_context()",
+    "ctypes": "import ctypes; assert ctypes.CDLL(None).strlen(b'abc') == 3",
+    "sqlite3": "import sqlite3; "
+               "assert sqlite3.connect(':memory:').execute('select 6*7')"
+               ".fetchone() == (42,)",
+    "zlib": "import zlib; assert zlib.decompress(zlib.compress(b'x'*99)) "
+            "== b'x'*99",
+    "bz2": "import bz2; assert bz2.decompress(bz2.compress(b'y')) == b'y'",
+    "lzma": "import lzma; assert lzma.decompress(lzma.compress(b'y')) "
+            "== b'y'",
+    "identity": "import sys, platform; "
+                "assert sys.version.startswith('3.11.2 (sightglass/'); "
+                "assert platform.python_version() == '3.11.2'",
+    "stdlib": "import sys, os; assert os.__file__.startswith(sys.prefix)",
+}
+
+
+def install_check(lay, name, tally, jobs):
+    """make install into a scratch DESTDIR; the installed python works."""
+    obj = os.path.join(lay.build, name)
+    dest = os.path.join(lay.build, name + "-install")
+    subprocess.call(["rm", "-rf", dest])
+    print(f"== install {name} into {dest}", flush=True)
+    log = os.path.join(lay.build, name + ".install.log")
+    with open(log, "w") as out:
+        rc = subprocess.call(["make", f"-j{jobs}", "install",
+                              f"DESTDIR={dest}"], cwd=obj, stdout=out,
+                             stderr=subprocess.STDOUT)
+    prefix = sysconfig_of(os.path.join(obj, "python"), "prefix")
+    python = os.path.join(dest + prefix, "bin", "python3")
+    for check, code in INSTALL_CHECKS.items():
+        ok = rc == 0 and subprocess.call(
+            [python, "-I", "-c", code], cwd=dest) == 0
+        if ok:
+            tally.passed += 1
+        else:
+            tally.failed += 1
+            tally.failures.append(f"install: {check}"
+                                  + ("" if rc == 0 else f" (see {log})"))
+    print(f"   installed python: {python}", flush=True)
+
+
+def sysconfig_of(python, var):
+    return subprocess.run(
+        [python, "-c", f"import sysconfig; print(sysconfig.get_config_var("
+                       f"{var!r}))"],
+        stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+
+
 class Tally:
     def __init__(self):
         self.passed = self.failed = self.skipped = 0
@@ -226,6 +278,7 @@ def main():
     workdir = os.path.join(lay.build, "test-results")
     os.makedirs(workdir, exist_ok=True)
     slice_ = sorted(set(mine) | set(CORE_SLICE))
+    install_check(lay, "test-tracking", tally, ns.jobs)
     regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
              tally, workdir)
     regrtest(plain, "plain", slice_, ns.jobs, tally, workdir)
