@@ -102,7 +102,8 @@ def sha256_file(path):
 def cache_dir():
     d = os.environ.get("SIGHTGLASS_CACHE")
     if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        base = (os.environ.get("XDG_CACHE_HOME")
+                or os.path.expanduser("~/.cache"))
         d = os.path.join(base, "sightglass")
     os.makedirs(d, exist_ok=True)
     return d
@@ -480,8 +481,8 @@ def link_own_files(lay, tree):
     for rel in wanted:
         if os.path.lexists(os.path.join(lay.base, rel)):
             raise Error(
-                f"{rel} exists upstream: change it through a patch "
-                "(edit build/src/{rel}, then 'make export'), do not add a copy")
+                f"{rel} exists upstream: change it through a patch (edit "
+                f"build/src/{rel}, then 'make export'), do not add a copy")
         path = os.path.join(tree, rel)
         target = os.path.relpath(os.path.join(lay.repo, rel),
                                  os.path.dirname(path))
@@ -623,7 +624,7 @@ def materialize(lay, pristine=False, force=False, tarball=None,
                 os.unlink(cur)
             os.rename(new, cur)
         for rel in walk(lay.src):
-            if rel not in wanted:
+            if rel not in wanted and not matches(rel, BUILD_GENERATED):
                 os.unlink(os.path.join(lay.src, rel))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -770,7 +771,9 @@ def configure(lay, argv):
     ours.add_argument("--with-debian-fixes", metavar="PATH")
     ours.add_argument("--without-debian-fixes", action="store_true")
     opts, rest = ours.parse_known_args(argv)
-    if "--help" in rest or "-h" in rest:
+    wants_help = any(a in ("--help", "-h") or a.startswith("--help=")
+                     for a in rest)
+    if wants_help:
         print(__doc__.split("\n\n")[0])
         print("Sightglass options (the rest go to CPython's configure):\n"
               "  --with-upstream-tarball=PATH  use this Python-3.11.2.tgz\n"
@@ -786,7 +789,7 @@ def configure(lay, argv):
     materialize(lay, pristine, tarball=opts.with_upstream_tarball,
                 debian_tarball=opts.with_debian_fixes)
     rc = configure_build_dir(lay, lay.obj, rest)
-    if rc:
+    if rc or wants_help:
         return rc
     python3 = os.environ.get("PYTHON3") or sys.executable
     with open(os.path.join(lay.repo, "Makefile"), "w") as f:
