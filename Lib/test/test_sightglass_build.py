@@ -68,6 +68,11 @@ class IdentityTests(unittest.TestCase):
             "CONFIG_ARGS")
         self.assertEqual(sysconfig.get_config_var("Py_TRACK_MEMORY"),
                          1 if configured else 0)
+        # Like sys.gettotalrefcount in a debug build: hasattr tells.
+        for name in ("total_memory_used", "peak_memory_used",
+                     "reset_peak_memory_used", "total_allocation_count",
+                     "type_memory_usage", "type_allocation_counts"):
+            self.assertEqual(hasattr(sys, name), configured, name)
 
 
 @unittest.skipIf(REPO is None, "needs a Sightglass checkout")
@@ -144,6 +149,10 @@ class TreeToolTests(unittest.TestCase):
             with open(os.path.join(src, "Python", "sg_roundtrip.c"),
                       "w") as f:
                 f.write("/* new */\n")
+            # What Python writes into the tree at run time is not an edit.
+            with open(os.path.join(src, "Lib", "lib2to3",
+                                   "Grammar9.9.9.final.0.pickle"), "w") as f:
+                f.write("cache")
             status = self.sgtree(tool, "status", build=build).stdout
             self.assertEqual(status.split(), ["Python/ceval.c",
                                               "Python/sg_roundtrip.c",
@@ -163,6 +172,8 @@ class TreeToolTests(unittest.TestCase):
                 src, "Python", "sg_roundtrip.c")))
             with open(os.path.join(repo, "Python", "sg_roundtrip.c")) as f:
                 self.assertEqual(f.read(), "/* new */\n")
+            self.assertFalse(os.path.exists(os.path.join(repo, "Lib")
+                                            + "/lib2to3"))
             self.assertEqual(self.sgtree(tool, "status", build=build).stdout,
                              "no unexported edits\n")
 
@@ -173,6 +184,8 @@ class TreeToolTests(unittest.TestCase):
 
             # A fresh materialization reproduces the edited tree exactly.
             build2 = new_build("build2")
+            os.unlink(os.path.join(src, "Lib", "lib2to3",
+                                   "Grammar9.9.9.final.0.pickle"))
             self.assertEqual(snapshot(os.path.join(build2, "src")),
                              snapshot(src))
 
@@ -184,6 +197,14 @@ class TreeToolTests(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stdout)
             self.assertFalse(os.path.exists(os.path.join(
                 repo, "patches", "Python", "ceval.c.diff")))
+
+            # A file of ours may not shadow an upstream one.
+            shutil.copy2(os.path.join(build, "base", "Python", "ceval.c"),
+                         os.path.join(repo, "Python", "ceval.c"))
+            proc = self.sgtree(tool, "materialize", build=build)
+            self.assertEqual(proc.returncode, 1)
+            self.assertIn("Python/ceval.c exists upstream", proc.stdout)
+            self.assertIn("edit build/src/Python/ceval.c", proc.stdout)
 
 
 def snapshot(root):

@@ -164,10 +164,8 @@ def regrtest(python, label, tests, jobs, tally, workdir):
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
            "--junit-xml", xml] + tests
     print(f"== {label}: {' '.join(cmd[1:])}", flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = run_streaming(cmd)
     out = proc.stdout
-    sys.stdout.write(tail(out, 60))
     failed_modules = parse_failed_modules(out)
     rerun = sorted(m for m in failed_modules
                    if not all_known(m, xml))
@@ -175,12 +173,9 @@ def regrtest(python, label, tests, jobs, tally, workdir):
         print(f"== {label}: running {' '.join(rerun)} again on its own",
               flush=True)
         xml2 = os.path.join(workdir, f"{label}.rerun.xml")
-        proc2 = subprocess.run([python, "-m", "test", "--timeout", "1200",
-                                "-v", "--junit-xml", xml2] + rerun,
-                               stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+        proc2 = run_streaming([python, "-m", "test", "--timeout", "1200",
+                               "-v", "--junit-xml", xml2] + rerun)
         still = parse_failed_modules(proc2.stdout)
-        sys.stdout.write(tail(proc2.stdout, 200 if still else 15))
         drop_modules(xml, rerun)
         tally.add_junit(xml, label)
         tally.add_junit(xml2, label + " (run again)")
@@ -197,9 +192,17 @@ def regrtest(python, label, tests, jobs, tally, workdir):
         tally.failures.append(f"{label}: regrtest exit {proc.returncode}")
 
 
-def tail(text, n):
-    lines = text.splitlines(True)
-    return "".join(lines[-n:])
+def run_streaming(cmd):
+    """Run cmd, showing its output as it comes, and keep it."""
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          errors="replace") as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines))
 
 
 def parse_failed_modules(out):

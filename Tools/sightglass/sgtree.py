@@ -53,6 +53,12 @@ BUILD_GENERATED = [
     "Include/internal/pycore_global_strings.h",
     "Include/internal/pycore_runtime_init.h",
 ]
+# Files that running Python writes into the source tree: when upstream does
+# not ship them, they are not the tree's (see is_artifact()).
+RUNTIME_ARTIFACTS = [
+    "Lib/lib2to3/*.pickle",     # lib2to3 caches its grammars beside them
+    "Lib/test/data/*",          # test resources fetched by the suite
+]
 # Files materialize itself regenerates (autoreconf) from patched sources.
 AUTOCONF_GENERATED = ["configure", "pyconfig.h.in", "aclocal.m4"]
 
@@ -459,6 +465,11 @@ def inputs_key(lay, pristine):
     return h.hexdigest()
 
 
+def is_artifact(lay, rel):
+    return (matches(rel, RUNTIME_ARTIFACTS)
+            and not os.path.lexists(os.path.join(lay.base, rel)))
+
+
 def top_dirs(tree):
     return {n for n in os.listdir(tree)
             if os.path.isdir(os.path.join(tree, n))}
@@ -587,7 +598,8 @@ def unexported_edits(lay):
                        lay.src, os.path.dirname(rel), ident[2:]))
                    == os.path.join(lay.repo, rel))}
     return sorted(rel for rel in set(old) | set(new)
-                  if old.get(rel) != new.get(rel))
+                  if old.get(rel) != new.get(rel)
+                  and not is_artifact(lay, rel))
 
 
 def materialize(lay, pristine=False, force=False, tarball=None,
@@ -624,7 +636,8 @@ def materialize(lay, pristine=False, force=False, tarball=None,
                 os.unlink(cur)
             os.rename(new, cur)
         for rel in walk(lay.src):
-            if rel not in wanted and not matches(rel, BUILD_GENERATED):
+            if rel not in wanted and not matches(rel, BUILD_GENERATED) \
+                    and not is_artifact(lay, rel):
                 os.unlink(os.path.join(lay.src, rel))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -652,7 +665,8 @@ def export(lay):
     base_dirs = top_dirs(lay.base)
     src_entries = set(walk(lay.src))
     for rel in sorted(src_entries | set(walk(lay.base))):
-        if matches(rel, BUILD_GENERATED) or rel in AUTOCONF_GENERATED:
+        if matches(rel, BUILD_GENERATED) or rel in AUTOCONF_GENERATED \
+                or is_artifact(lay, rel):
             continue
         src = os.path.join(lay.src, rel)
         base = os.path.join(lay.base, rel)

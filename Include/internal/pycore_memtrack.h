@@ -1,0 +1,63 @@
+#ifndef Py_INTERNAL_MEMTRACK_H
+#define Py_INTERNAL_MEMTRACK_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef Py_BUILD_CORE
+#  error "this header requires Py_BUILD_CORE define"
+#endif
+
+/* The accounting behind --with-memory-tracking (Objects/memtrack.c).
+
+   The allocators count every block they hand out, with the size they
+   really reserve, under the anonymous tag (or the raw tag, for the raw
+   domain).  Whoever knows what a block is for then moves it to that tag:
+   _Py_NewReference() moves an object's block to its type, and the core
+   types move the buffers their objects own (list items, ...).  Moves
+   leave the total alone, so the tags always add up to it. */
+
+#ifdef Py_TRACK_MEMORY
+
+/* Called by the base allocators (obmalloc.c) only. */
+extern void _PyMemTrack_AllocAnonymous(size_t size);
+extern void _PyMemTrack_FreeAnonymous(size_t size);
+extern void _PyMemTrack_AllocRaw(size_t size);
+extern void _PyMemTrack_FreeRaw(size_t size);
+
+/* What the allocator reserved for a block of the mem or object domain. */
+extern size_t _PyMem_ReservedSize(void *ptr);
+
+/* Objects: their block counts under their type while they live. */
+extern void _PyMemTrack_NewObject(PyObject *op);
+extern void _PyMemTrack_ForgetObject(PyObject *op);
+extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);
+extern void _PyMemTrack_ForgetType(PyTypeObject *type);
+
+/* Buffers an object owns, from the mem domain, counted under `owner`. */
+extern void *_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size);
+extern void *_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
+                                size_t elsize);
+extern void *_PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size);
+extern void _PyMem_OwnedFree(PyTypeObject *owner, void *ptr);
+
+/* For sys: totals, peak, and the tags as a dict. */
+extern Py_ssize_t _PyMemTrack_TotalBytes(void);
+extern Py_ssize_t _PyMemTrack_TotalBlocks(void);
+extern Py_ssize_t _PyMemTrack_PeakBytes(void);
+extern void _PyMemTrack_ResetPeak(void);
+extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
+
+#else
+
+#  define _PyMem_OwnedMalloc(owner, size) PyMem_Malloc(size)
+#  define _PyMem_OwnedCalloc(owner, nelem, elsize) PyMem_Calloc(nelem, elsize)
+#  define _PyMem_OwnedRealloc(owner, ptr, size) PyMem_Realloc(ptr, size)
+#  define _PyMem_OwnedFree(owner, ptr) PyMem_Free(ptr)
+
+#endif  /* Py_TRACK_MEMORY */
+
+#ifdef __cplusplus
+}
+#endif
+#endif  /* !Py_INTERNAL_MEMTRACK_H */

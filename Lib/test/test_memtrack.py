@@ -1,0 +1,315 @@
+"""Memory accounting by purpose (./configure --with-memory-tracking).
+
+The functions exist only in a tracking build; test_sightglass_build checks
+that they exist exactly there.
+"""
+
+import ctypes
+import gc
+import struct
+import sys
+import threading
+import unittest
+from test.support import script_helper
+
+if not hasattr(sys, "total_memory_used"):
+    raise unittest.SkipTest("not a --with-memory-tracking build")
+
+POINTER = struct.calcsize("P")
+GC_HEAD = 2 * POINTER
+MANAGED_DICT = 1 << 4           # Py_TPFLAGS_MANAGED_DICT
+N = 10_000
+
+
+def pymalloc_block(nbytes):
+    """What pymalloc reserves for a request of nbytes (<= 512)."""
+    return (nbytes + 15) // 16 * 16
+
+
+def instance_block(cls):
+    """The block an instance of a plain class occupies, headers included."""
+    pre = GC_HEAD + (2 * POINTER if cls.__flags__ & MANAGED_DICT else 0)
+    return pymalloc_block(cls.__basicsize__ + pre)
+
+
+def delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0)
+            for k in set(before) | set(after)
+            if after.get(k, 0) != before.get(k, 0)}
+
+
+class MemtrackTests(unittest.TestCase):
+
+    def setUp(self):
+        gc.collect()
+        self.addCleanup(gc.enable)
+        gc.disable()        # no collection between two readings
+
+    def test_functions(self):
+        self.assertIsInstance(sys.total_memory_used(), int)
+        self.assertGreater(sys.total_memory_used(), 0)
+        self.assertGreater(sys.total_allocation_count(), 0)
+        usage = sys.type_memory_usage()
+        self.assertIn("", usage)
+        self.assertIn("<raw>", usage)
+        self.assertIn("str", usage)
+        for key, value in usage.items():
+            self.assertIsInstance(key, str)
+            self.assertIsInstance(value, int)
+            self.assertGreaterEqual(value, 0, key)
+        counts = sys.type_allocation_counts()
+        self.assertEqual(set(counts) - set(usage), set())
+        for key, value in counts.items():
+            self.assertGreaterEqual(value, 0, key)
+        by_type = sys.type_memory_usage(by_type=True)
+        self.assertIn(str, by_type)
+        self.assertIn("", by_type)
+        with self.assertRaises(TypeError):
+            sys.type_memory_usage(True)
+        with self.assertRaises(TypeError):
+            sys.total_memory_used(1)
+
+    def test_tags_add_up_to_the_total(self):
+        for _ in range(5):
+            before = sys.total_memory_used()
+            usage = sys.type_memory_usage()
+            after = sys.total_memory_used()
+            # The total at the snapshot lies between the two readings.
+            self.assertLessEqual(before, sum(usage.values()))
+            self.assertLessEqual(sum(usage.values()), after)
+            blocks_before = sys.total_allocation_count()
+            counts = sys.type_allocation_counts()
+            blocks_after = sys.total_allocation_count()
+            self.assertLessEqual(blocks_before, sum(counts.values()))
+            self.assertLessEqual(sum(counts.values()), blocks_after)
+
+    def test_instances_count_under_their_class(self):
+        class Sightglass_Foo:
+            pass
+        name = Sightglass_Foo.__name__
+        block = instance_block(Sightglass_Foo)
+        before = sys.type_memory_usage()
+        objs = [Sightglass_Foo() for _ in range(N)]
+        after = sys.type_memory_usage()
+        self.assertEqual(after[name] - before.get(name, 0), N * block)
+        self.assertEqual(sys.type_allocation_counts()[name], N)
+        del objs
+        self.assertNotIn(name, sys.type_memory_usage())
+        self.assertNotIn(name, sys.type_allocation_counts())
+
+    def test_types_sharing_a_name(self):
+        def make():
+            class Twin:
+                __slots__ = ("a",)
+            return Twin
+        first, second = make(), make()
+        a = [first() for _ in range(10)]
+        b = [second() for _ in range(20)]
+        by_type = sys.type_memory_usage(by_type=True)
+        block = instance_block(first)
+        self.assertEqual(by_type[first], 10 * block)
+        self.assertEqual(by_type[second], 20 * block)
+        self.assertEqual(sys.type_memory_usage()["Twin"], 30 * block)
+        self.assertEqual(sys.type_allocation_counts(by_type=True)[second],
+                         20)
+        del a, b
+
+    def test_dead_class_leaves_no_entry(self):
+        def churn():
+            class Ephemeral:
+                pass
+            keep = [Ephemeral() for _ in range(100)]
+            return len(keep)
+        for _ in range(3):
+            churn()
+            gc.collect()
+        self.assertNotIn("Ephemeral", sys.type_memory_usage())
+
+    def test_class_assignment_moves_the_block(self):
+        class A:
+            pass
+
+        class B:
+            pass
+        objs = [A() for _ in range(50)]
+        for o in objs:
+            o.__class__ = B
+        del o
+        usage = sys.type_memory_usage()
+        self.assertNotIn("A", usage)
+        self.assertEqual(usage["B"], 50 * instance_block(B))
+        del objs
+        self.assertNotIn("B", sys.type_memory_usage())
+
+    def test_list_items_count_under_list(self):
+        before = sys.type_memory_usage()["list"]
+        big = [None] * 10**6
+        grown = sys.type_memory_usage()["list"] - before
+        self.assertGreaterEqual(grown, 8 * 10**6)
+        self.assertLess(grown, 8 * 10**6 + 64 * 1024)
+        del big
+        self.assertLessEqual(sys.type_memory_usage()["list"], before)
+
+    def test_growing_list_moves_bytes_without_leaking(self):
+        before = sys.type_memory_usage()["list"]
+        lst = []
+        for i in range(100_000):
+            lst.append(i)
+        self.assertGreaterEqual(sys.type_memory_usage()["list"] - before,
+                                8 * 100_000)
+        while lst:
+            lst.pop()
+        lst.clear()
+        del lst
+        self.assertLessEqual(sys.type_memory_usage()["list"], before + 64)
+
+    def check_type(self, make, name, min_size):
+        """N objects from make() grow the name's entry by at least
+        N * min_size, and their deletion gives it back."""
+        before = sys.type_memory_usage().get(name, 0)
+        objs = [make(i) for i in range(N)]
+        grown = sys.type_memory_usage()[name] - before
+        self.assertGreaterEqual(grown, N * min_size, name)
+        del objs
+        after = sys.type_memory_usage().get(name, 0)
+        self.assertLess(after - before, N * min_size // 10, name)
+
+    def test_core_types(self):
+        self.check_type(lambda i: 10**30 + i, "int", 32)
+        self.check_type(lambda i: float(i) + 0.5, "float", 16)
+        self.check_type(lambda i: "x" * 100 + str(i), "str", 140)
+        self.check_type(lambda i: b"y" * 100 + bytes([i % 256]), "bytes",
+                        130)
+        self.check_type(lambda i: (i, i, i), "tuple", 48)
+        self.check_type(lambda i: lambda: i, "function", 128)
+        self.check_type(lambda i: [i], "list", 56)
+        self.check_type(lambda i: {"k": i}, "dict", 48)
+        self.check_type(lambda i: {i}, "set", 200)
+        self.check_type(lambda i: bytearray(8), "bytearray", 56)
+
+        def gen(i):
+            yield i
+        self.check_type(gen, "generator", 100)
+
+        def frame(i):
+            return sys._getframe()
+        self.check_type(frame, "frame", 60)
+
+    def test_resized_objects(self):
+        # bytes, str and tuple are reallocated in place by their resize
+        # functions; the block must move with them.
+        before = sys.type_memory_usage()
+        data = [bytes(range(i % 200)) + b"z" for i in range(2000)]
+        text = ["".join(["ab"] * (i % 100)) for i in range(2000)]
+        tups = [tuple(x for x in range(i % 50)) for i in range(2000)]
+        del data, text, tups
+        after = sys.type_memory_usage()
+        for name in ("bytes", "str", "tuple"):
+            self.assertLess(abs(after.get(name, 0) - before.get(name, 0)),
+                            4096, name)
+
+    def test_peak(self):
+        sys.reset_peak_memory_used()
+        start = sys.total_memory_used()
+        self.assertLessEqual(sys.peak_memory_used() - start, 1024)
+        blob = bytes(10 * 2**20)
+        self.assertGreaterEqual(sys.peak_memory_used(), start + 10 * 2**20)
+        del blob
+        self.assertGreaterEqual(sys.peak_memory_used(), start + 10 * 2**20)
+        sys.reset_peak_memory_used()
+        self.assertLess(sys.peak_memory_used(), start + 2**20)
+
+    def test_tracked_malloc_api(self):
+        api = ctypes.pythonapi
+        api.PyObject_TrackedMalloc.restype = ctypes.c_void_p
+        api.PyObject_TrackedMalloc.argtypes = [ctypes.c_char_p,
+                                               ctypes.c_size_t]
+        api.PyObject_TrackedRealloc.restype = ctypes.c_void_p
+        api.PyObject_TrackedRealloc.argtypes = [ctypes.c_char_p,
+                                                ctypes.c_void_p,
+                                                ctypes.c_size_t]
+        api.PyObject_TrackedFree.argtypes = [ctypes.c_char_p,
+                                             ctypes.c_void_p]
+        api.Py_AdjustTrackedMemory.argtypes = [ctypes.c_char_p,
+                                               ctypes.c_ssize_t]
+        tag = b"sightglass.test"
+        p = api.PyObject_TrackedMalloc(tag, 100)
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"], 112)
+        self.assertEqual(sys.type_allocation_counts()["sightglass.test"], 1)
+        p = api.PyObject_TrackedRealloc(tag, p, 5000)
+        self.assertGreaterEqual(sys.type_memory_usage()["sightglass.test"],
+                                5000)
+        api.PyObject_TrackedFree(tag, p)
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
+        api.Py_AdjustTrackedMemory(tag, 4096)
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"], 4096)
+        total = sys.total_memory_used()
+        api.Py_AdjustTrackedMemory(tag, -4096)
+        # The int holding the first reading is all that was allocated.
+        self.assertEqual(total - sys.total_memory_used(),
+                         4096 - pymalloc_block(sys.getsizeof(total)))
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
+
+    def test_threads(self):
+        stop = threading.Event()
+
+        def work():
+            while not stop.is_set():
+                [{"a": [i]} for i in range(200)]
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(200):
+                before = sys.total_memory_used()
+                usage = sys.type_memory_usage()
+                self.assertGreaterEqual(sum(usage.values()), before)
+                for key, value in usage.items():
+                    self.assertGreaterEqual(value, 0, key)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+
+
+class AllocatorTests(unittest.TestCase):
+    """The same accounting under other allocators and beside tracemalloc."""
+
+    CODE = """if 1:
+        import sys
+        class Probe:
+            pass
+        objs = [Probe() for _ in range(1000)]
+        usage = sys.type_memory_usage()
+        counts = sys.type_allocation_counts()
+        assert counts["Probe"] == 1000, counts["Probe"]
+        # malloc() may give some blocks more than others: at least this.
+        assert usage["Probe"] >= 1000 * Probe.__basicsize__, usage["Probe"]
+        before = sys.total_memory_used()
+        snap = sys.type_memory_usage()
+        assert before <= sum(snap.values()) <= sys.total_memory_used()
+        assert min(snap.values()) >= 0, snap
+        del objs
+        assert "Probe" not in sys.type_memory_usage()
+        print("ok")
+    """
+
+    def run_with(self, *args, **env):
+        res = script_helper.assert_python_ok(*args, "-c", self.CODE, **env)
+        self.assertEqual(res.out.strip(), b"ok")
+
+    def test_pythonmalloc_malloc(self):
+        self.run_with(PYTHONMALLOC="malloc")
+
+    def test_pythonmalloc_debug(self):
+        self.run_with(PYTHONMALLOC="debug")
+
+    def test_pythonmalloc_malloc_debug(self):
+        self.run_with(PYTHONMALLOC="malloc_debug")
+
+    def test_beside_tracemalloc(self):
+        self.run_with("-X", "tracemalloc=5")
+
+
+if __name__ == "__main__":
+    unittest.main()

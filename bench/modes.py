@@ -1,0 +1,103 @@
+"""Instrumentation modes: what a tool switches on, measured against nothing.
+
+A mode is a pair of functions (start, stop) that the runner calls around a
+timed workload.  Only the modes the running interpreter supports are
+offered, so the same runner measures stock 3.11, 3.12+ and Sightglass.
+"""
+
+import sys
+
+
+def _noop(*args):
+    return None
+
+
+def _tracer(frame, event, arg):
+    return _tracer
+
+
+def _setprofile():
+    sys.setprofile(_noop)
+
+
+def _unsetprofile():
+    sys.setprofile(None)
+
+
+def _settrace():
+    sys.settrace(_tracer)
+
+
+def _unsettrace():
+    sys.settrace(None)
+
+
+_profiler = None
+
+
+def _cprofile():
+    global _profiler
+    import cProfile
+    _profiler = cProfile.Profile()
+    _profiler.enable()
+
+
+def _uncprofile():
+    _profiler.disable()
+
+
+def _tracemalloc():
+    import tracemalloc
+    tracemalloc.start()
+
+
+def _untracemalloc():
+    import tracemalloc
+    tracemalloc.stop()
+
+
+MODES = {
+    "setprofile": (_setprofile, _unsetprofile,
+                   "sys.setprofile with a Python no-op"),
+    "settrace": (_settrace, _unsettrace,
+                 "sys.settrace line tracing, Python no-op"),
+    "cprofile": (_cprofile, _uncprofile, "cProfile.Profile enabled"),
+    "tracemalloc": (_tracemalloc, _untracemalloc, "tracemalloc.start()"),
+}
+
+
+if hasattr(sys, "monitoring"):
+    _mon = sys.monitoring
+    _TOOL = _mon.PROFILER_ID
+
+    def _monitor(events, callback):
+        def start():
+            _mon.use_tool_id(_TOOL, "bench")
+            for event in events:
+                _mon.register_callback(_TOOL, event, callback)
+            mask = 0
+            for event in events:
+                mask |= event
+            _mon.set_events(_TOOL, mask)
+
+        def stop():
+            _mon.set_events(_TOOL, 0)
+            for event in events:
+                _mon.register_callback(_TOOL, event, None)
+            _mon.free_tool_id(_TOOL)
+        return start, stop
+
+    def _disable(*args):
+        return _mon.DISABLE
+
+    _E = _mon.events
+    MODES["mon-calls"] = _monitor((_E.PY_START, _E.PY_RETURN), _noop) + (
+        "sys.monitoring PY_START+PY_RETURN, Python no-op",)
+    MODES["mon-line"] = _monitor((_E.LINE,), _noop) + (
+        "sys.monitoring LINE, Python no-op",)
+
+    # DISABLE lasts until restart_events(), which is never called: the
+    # runner's warm-up pass disables every line, the timed rounds measure
+    # what is left.  (Each mode runs in a process of its own.)
+    MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
+        "sys.monitoring LINE returning DISABLE (after the first pass)",)

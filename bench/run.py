@@ -1,0 +1,175 @@
+"""Measure instrumentation overhead as ratios (instrumented / plain).
+
+Two measurements, both printed as the median over rounds of a per-round
+ratio, so that machine noise common to both sides cancels:
+
+  modes    each workload with and without a mode, alternating, in one
+           process (one process per mode, so no mode leaves state behind
+           for another); for every interpreter given with --python.
+  builds   each workload on interpreter B against interpreter A, with no
+           tool active, alternating processes: e.g. Sightglass against a
+           stock 3.11.2 build (--builds STOCK SIGHTGLASS).
+
+  python3 bench/run.py --python build/stock/python --python ./python
+  python3 bench/run.py --builds build/stock/python ./python
+
+Numbers only; no test depends on them.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import workloads  # noqa: E402
+from modes import MODES  # noqa: E402
+
+TARGET = 0.15       # seconds one timed run should last
+
+
+def calibrate(func):
+    """How many calls of func make one timed run of about TARGET."""
+    n = 1
+    while True:
+        t = timed(func, n)
+        if t >= TARGET / 4 or n >= 1 << 16:
+            return max(1, int(n * TARGET / t)) if t > 0 else n
+        n *= 2
+
+
+def timed(func, n):
+    start = time.perf_counter()
+    for _ in range(n):
+        func()
+    return time.perf_counter() - start
+
+
+def measure_mode(mode, names, rounds):
+    """{workload: median ratio} for one mode, in this process."""
+    start, stop = MODES[mode][:2]
+    out = {}
+    for name in names:
+        func = workloads.ALL[name]
+        n = calibrate(func)
+        start()
+        try:
+            timed(func, 1)          # first pass: lets DISABLE take effect
+        finally:
+            stop()
+        ratios = []
+        for r in range(rounds):
+            plain_first = r % 2 == 0
+            if plain_first:
+                plain = timed(func, n)
+            start()
+            try:
+                inst = timed(func, n)
+            finally:
+                stop()
+            if not plain_first:
+                plain = timed(func, n)
+            ratios.append(inst / plain)
+        out[name] = statistics.median(ratios)
+    return out
+
+
+def run_child(python, args):
+    proc = subprocess.run([python, os.path.abspath(__file__)] + args,
+                          stdout=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{python} {' '.join(args)} failed")
+    return json.loads(proc.stdout)
+
+
+def interpreter_name(python):
+    return subprocess.run(
+        [python, "-c", "import platform, sys; print(platform."
+         "python_version(), sys.version.split('(')[1].split(',')[0])"],
+        stdout=subprocess.PIPE, text=True).stdout.strip()
+
+
+def table(rows, names):
+    width = max(len(r[0]) for r in rows) + 2
+    print("".ljust(width) + "".join(n.rjust(9) for n in names))
+    for label, values in rows:
+        print(label.ljust(width)
+              + "".join(f"{values[n]:9.2f}" for n in names))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", action="append",
+                   help="interpreter to measure modes on (repeatable)")
+    p.add_argument("--mode", action="append",
+                   help="mode to measure (default: all it supports)")
+    p.add_argument("--workload", action="append",
+                   choices=sorted(workloads.ALL), help="default: all")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--builds", nargs=2, metavar=("A", "B"),
+                   help="time B against A with no tool active")
+    p.add_argument("--child-mode", help=argparse.SUPPRESS)
+    p.add_argument("--child-time", help=argparse.SUPPRESS)
+    p.add_argument("--child-modes", action="store_true",
+                   help=argparse.SUPPRESS)
+    ns = p.parse_args()
+    names = ns.workload or list(workloads.ALL)
+
+    if ns.child_modes:
+        print(json.dumps({m: MODES[m][2] for m in sorted(MODES)}))
+        return
+    if ns.child_mode:
+        print(json.dumps(measure_mode(ns.child_mode, names, ns.rounds)))
+        return
+    if ns.child_time:
+        func = workloads.ALL[ns.child_time]
+        n = int(ns.rounds)
+        timed(func, max(1, n // 4))                 # warm up
+        print(json.dumps(min(timed(func, n) for _ in range(3))))
+        return
+
+    if ns.builds:
+        a, b = ns.builds
+        print(f"B / A, no tool active; A = {interpreter_name(a)}, "
+              f"B = {interpreter_name(b)}")
+        ratios = {}
+        for name in names:
+            n = calibrate(workloads.ALL[name])
+            per_round = []
+            for r in range(ns.rounds):
+                order = (a, b) if r % 2 == 0 else (b, a)
+                t = {py: run_child(py, ["--child-time", name,
+                                        "--rounds", str(n)])
+                     for py in order}
+                per_round.append(t[b] / t[a])
+            ratios[name] = statistics.median(per_round)
+        table([("B / A", ratios)], names)
+        return
+
+    rows, described = [], {}
+    for python in ns.python or [sys.executable]:
+        label = interpreter_name(python)
+        supported = run_child(python, ["--child-modes"])
+        described.update(supported)
+        for mode in ns.mode or supported:
+            if mode not in supported:
+                continue
+            ratios = run_child(python, ["--child-mode", mode,
+                                        "--rounds", str(ns.rounds)]
+                               + sum((["--workload", n] for n in names),
+                                     []))
+            rows.append((f"{label} {mode}", ratios))
+    print("instrumented / plain, median of per-round ratios "
+          f"({ns.rounds} rounds):")
+    table(rows, names)
+    print()
+    for mode in sorted({r[0].split()[-1] for r in rows}):
+        print(f"  {mode}: {described[mode]}")
+
+
+if __name__ == "__main__":
+    main()
