@@ -284,8 +284,8 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
 
 /* --- buffers owned by objects of core types ----------------------------- */
 
-static inline void
-claim_block(PyTypeObject *owner, void *ptr)
+void
+_PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
     tally *t = type_tally(owner, 1);
     if (t != NULL) {
@@ -293,8 +293,8 @@ claim_block(PyTypeObject *owner, void *ptr)
     }
 }
 
-static inline void
-unclaim_block(PyTypeObject *owner, void *ptr)
+void
+_PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr)
 {
     tally *t = type_tally(owner, 0);
     if (t != NULL) {
@@ -302,12 +302,19 @@ unclaim_block(PyTypeObject *owner, void *ptr)
     }
 }
 
+void
+_PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
+{
+    _PyMemTrack_UnclaimBlock(from, ptr);
+    _PyMemTrack_ClaimBlock(to, ptr);
+}
+
 void *
 _PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
 {
     void *ptr = PyMem_Malloc(size);
     if (ptr != NULL) {
-        claim_block(owner, ptr);
+        _PyMemTrack_ClaimBlock(owner, ptr);
     }
     return ptr;
 }
@@ -317,7 +324,7 @@ _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
 {
     void *ptr = PyMem_Calloc(nelem, elsize);
     if (ptr != NULL) {
-        claim_block(owner, ptr);
+        _PyMemTrack_ClaimBlock(owner, ptr);
     }
     return ptr;
 }
@@ -326,14 +333,14 @@ void *
 _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
     if (ptr != NULL) {
-        unclaim_block(owner, ptr);
+        _PyMemTrack_UnclaimBlock(owner, ptr);
     }
     void *new = PyMem_Realloc(ptr, size);
     if (new != NULL) {
-        claim_block(owner, new);
+        _PyMemTrack_ClaimBlock(owner, new);
     }
     else if (ptr != NULL) {
-        claim_block(owner, ptr);    /* failed: the old block stays */
+        _PyMemTrack_ClaimBlock(owner, ptr);    /* failed: the old block stays */
     }
     return new;
 }
@@ -342,7 +349,7 @@ void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
     if (ptr != NULL) {
-        unclaim_block(owner, ptr);
+        _PyMemTrack_UnclaimBlock(owner, ptr);
     }
     PyMem_Free(ptr);
 }

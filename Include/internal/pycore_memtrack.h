@@ -34,6 +34,12 @@ extern void _PyMemTrack_ForgetObject(PyObject *op);
 extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
+/* A block of the mem or object domain that an object of `owner` owns. */
+extern void _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
+extern void _PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr);
+extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
+                                  void *ptr);
+
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
 extern void *_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size);
 extern void *_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
@@ -50,6 +56,9 @@ extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
 
 #else
 
+#  define _PyMemTrack_ClaimBlock(owner, ptr) ((void)0)
+#  define _PyMemTrack_UnclaimBlock(owner, ptr) ((void)0)
+#  define _PyMemTrack_MoveBlock(from, to, ptr) ((void)0)
 #  define _PyMem_OwnedMalloc(owner, size) PyMem_Malloc(size)
 #  define _PyMem_OwnedCalloc(owner, nelem, elsize) PyMem_Calloc(nelem, elsize)
 #  define _PyMem_OwnedRealloc(owner, ptr, size) PyMem_Realloc(ptr, size)

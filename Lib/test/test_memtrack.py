@@ -84,18 +84,29 @@ class MemtrackTests(unittest.TestCase):
             self.assertLessEqual(sum(counts.values()), blocks_after)
 
     def test_instances_count_under_their_class(self):
-        class Sightglass_Foo:
-            pass
-        name = Sightglass_Foo.__name__
-        block = instance_block(Sightglass_Foo)
-        before = sys.type_memory_usage()
-        objs = [Sightglass_Foo() for _ in range(N)]
-        after = sys.type_memory_usage()
-        self.assertEqual(after[name] - before.get(name, 0), N * block)
+        class Sightglass_Slotted:
+            __slots__ = ("a",)
+        name = Sightglass_Slotted.__name__
+        objs = [Sightglass_Slotted() for _ in range(N)]
+        self.assertEqual(sys.type_memory_usage()[name],
+                         N * instance_block(Sightglass_Slotted))
         self.assertEqual(sys.type_allocation_counts()[name], N)
         del objs
         self.assertNotIn(name, sys.type_memory_usage())
         self.assertNotIn(name, sys.type_allocation_counts())
+
+    def test_instances_own_their_values(self):
+        # 3.11 gives a plain class's instances a values array at once, of
+        # a size that varies: at least 16 bytes each.
+        class Sightglass_Foo:
+            pass
+        name = Sightglass_Foo.__name__
+        objs = [Sightglass_Foo() for _ in range(N)]
+        self.assertGreaterEqual(sys.type_memory_usage()[name],
+                                N * (instance_block(Sightglass_Foo) + 16))
+        self.assertEqual(sys.type_allocation_counts()[name], 2 * N)
+        del objs
+        self.assertNotIn(name, sys.type_memory_usage())
 
     def test_types_sharing_a_name(self):
         def make():
@@ -162,6 +173,62 @@ class MemtrackTests(unittest.TestCase):
         lst.clear()
         del lst
         self.assertLessEqual(sys.type_memory_usage()["list"], before + 64)
+
+    def check_owned(self, make, name, min_size):
+        """make() builds one object owning at least min_size bytes: they
+        count under name, not as anonymous memory, and come back."""
+        usage = sys.type_memory_usage()
+        before, anonymous = usage.get(name, 0), usage[""]
+        del usage
+        obj = make()
+        usage = sys.type_memory_usage()
+        self.assertGreaterEqual(usage[name] - before, min_size)
+        self.assertLess(usage[""] - anonymous, min_size // 20)
+        del obj, usage
+        self.assertLess(sys.type_memory_usage().get(name, 0) - before,
+                        4096)
+
+    def test_owned_buffers(self):
+        n = 100_000
+        self.check_owned(lambda: {i: None for i in range(n)}, "dict",
+                         n * 3 * POINTER)
+        self.check_owned(lambda: set(range(n)), "set", n * 2 * POINTER)
+        self.check_owned(lambda: frozenset(range(n)), "frozenset",
+                         n * 2 * POINTER)
+        self.check_owned(lambda: bytearray(10**6), "bytearray", 10**6)
+        self.check_owned(lambda: bytearray(b"x") * 10**6, "bytearray",
+                         10**6)
+
+    def test_set_operations_keep_owners(self):
+        a = set(range(1000))
+        usage = sys.type_memory_usage()
+        before = usage.get("set", 0), usage.get("frozenset", 0)
+        del usage
+        a ^= set(range(500, 2000))          # swaps bodies with a new set
+        a &= frozenset(range(100, 1800))
+        del a
+        usage = sys.type_memory_usage()
+        self.assertLess(usage.get("set", 0) - before[0], 4096)
+        self.assertEqual(usage.get("frozenset", 0), before[1])
+
+    def test_instance_values_count_under_the_class(self):
+        class Sightglass_Point:
+            def __init__(self):
+                self.x, self.y, self.z = 1, 2, 3
+        name = Sightglass_Point.__name__
+        block = instance_block(Sightglass_Point)
+        anonymous = sys.type_memory_usage()[""]
+        objs = [Sightglass_Point() for _ in range(N)]
+        usage = sys.type_memory_usage()
+        # Each instance and its values array, 3 values in it.
+        self.assertGreaterEqual(usage[name], N * (block + 3 * POINTER))
+        self.assertLess(usage[""] - anonymous, N)
+        del usage
+        # Asking for __dict__ hands the values over to a dict.
+        dicts = [o.__dict__ for o in objs]
+        self.assertEqual(sys.type_memory_usage()[name], N * block)
+        del dicts, objs
+        self.assertNotIn(name, sys.type_memory_usage())
 
     def check_type(self, make, name, min_size):
         """N objects from make() grow the name's entry by at least
@@ -282,7 +349,8 @@ class AllocatorTests(unittest.TestCase):
         objs = [Probe() for _ in range(1000)]
         usage = sys.type_memory_usage()
         counts = sys.type_allocation_counts()
-        assert counts["Probe"] == 1000, counts["Probe"]
+        # Each instance, and the values array 3.11 gives it at once.
+        assert counts["Probe"] == 2000, counts["Probe"]
         # malloc() may give some blocks more than others: at least this.
         assert usage["Probe"] >= 1000 * Probe.__basicsize__, usage["Probe"]
         before = sys.total_memory_used()
