@@ -26,6 +26,10 @@ typedef struct {
 
 static tally anonymous;
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
+/* Threads' frame data stacks: arena memory, not from the three domains,
+   and freed without the GIL when a thread state is deleted.  Reported
+   under frame. */
+static _Atomic Py_ssize_t stack_bytes, stack_chunks;
 static _Atomic Py_ssize_t locked_bytes, locked_blocks;
 static _Atomic Py_ssize_t peak_bytes;
 
@@ -43,8 +47,7 @@ locked_add(_Atomic Py_ssize_t *counter, Py_ssize_t n)
 static inline void
 note_peak(void)
 {
-    Py_ssize_t now = (atomic_load_explicit(&locked_bytes, RELAXED)
-                      + atomic_load_explicit(&raw_bytes, RELAXED));
+    Py_ssize_t now = _PyMemTrack_TotalBytes();
     Py_ssize_t peak = atomic_load_explicit(&peak_bytes, RELAXED);
     while (now > peak
            && !atomic_compare_exchange_weak_explicit(&peak_bytes, &peak, now,
@@ -88,6 +91,16 @@ _PyMemTrack_FreeRaw(size_t size)
 {
     atomic_fetch_sub_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_sub_explicit(&raw_blocks, 1, RELAXED);
+}
+
+void
+_PyMemTrack_FrameStack(Py_ssize_t delta)
+{
+    atomic_fetch_add_explicit(&stack_bytes, delta, RELAXED);
+    atomic_fetch_add_explicit(&stack_chunks, delta > 0 ? 1 : -1, RELAXED);
+    if (delta > 0) {
+        note_peak();
+    }
 }
 
 
@@ -474,14 +487,16 @@ Py_ssize_t
 _PyMemTrack_TotalBytes(void)
 {
     return (atomic_load_explicit(&locked_bytes, RELAXED)
-            + atomic_load_explicit(&raw_bytes, RELAXED));
+            + atomic_load_explicit(&raw_bytes, RELAXED)
+            + atomic_load_explicit(&stack_bytes, RELAXED));
 }
 
 Py_ssize_t
 _PyMemTrack_TotalBlocks(void)
 {
     return (atomic_load_explicit(&locked_blocks, RELAXED)
-            + atomic_load_explicit(&raw_blocks, RELAXED));
+            + atomic_load_explicit(&raw_blocks, RELAXED)
+            + atomic_load_explicit(&stack_chunks, RELAXED));
 }
 
 Py_ssize_t
@@ -541,6 +556,8 @@ _PyMemTrack_Usage(int blocks, int by_type)
     tally anon = anonymous;
     tally raw = {atomic_load_explicit(&raw_bytes, RELAXED),
                  atomic_load_explicit(&raw_blocks, RELAXED)};
+    tally stacks = {atomic_load_explicit(&stack_bytes, RELAXED),
+                    atomic_load_explicit(&stack_chunks, RELAXED)};
 
 #define VALUE(t) (blocks ? (t).blocks : (t).bytes)
     PyObject *result = PyDict_New();
@@ -574,8 +591,15 @@ _PyMemTrack_Usage(int blocks, int by_type)
             goto error;
         }
     }
-    PyObject *key = PyUnicode_InternFromString("");
-    int res = add_to(result, key, VALUE(anon));
+    PyObject *key = by_type ? Py_NewRef(&PyFrame_Type)
+                            : PyUnicode_InternFromString("frame");
+    int res = add_to(result, key, VALUE(stacks));
+    Py_XDECREF(key);
+    if (res < 0) {
+        goto error;
+    }
+    key = PyUnicode_InternFromString("");
+    res = add_to(result, key, VALUE(anon));
     Py_XDECREF(key);
     if (res < 0) {
         goto error;

@@ -25,6 +25,9 @@ extern void _PyMemTrack_FreeAnonymous(size_t size);
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);
 
+/* Threads' frame data stacks, from the arena allocator (pystate.c). */
+extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
+
 /* What the allocator reserved for a block of the mem or object domain. */
 extern size_t _PyMem_ReservedSize(void *ptr);
 
