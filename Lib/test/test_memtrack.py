@@ -155,6 +155,36 @@ class MemtrackTests(unittest.TestCase):
         del objs, usage
         self.assertNotIn(B, sys.type_memory_usage(by_type=True))
 
+    def test_finalizer_assigning_class(self):
+        class A:
+            __slots__ = ()
+
+            def __del__(self):
+                self.__class__ = B
+
+        class B(A):
+            __slots__ = ()
+        for _ in range(100):
+            A()
+        usage = sys.type_memory_usage(by_type=True)
+        self.assertNotIn(A, usage)
+        self.assertNotIn(B, usage)
+
+    def test_resurrection(self):
+        saved = []
+
+        class Phoenix:
+            __slots__ = ("__weakref__",)
+
+            def __del__(self):
+                saved.append(self)
+        for _ in range(10):
+            Phoenix()
+        self.assertEqual(sys.type_memory_usage(by_type=True)[Phoenix],
+                         10 * instance_block(Phoenix))
+        saved.clear()       # finalizers run once: now they go for good
+        self.assertNotIn(Phoenix, sys.type_memory_usage(by_type=True))
+
     def test_list_items_count_under_list(self):
         before = sys.type_memory_usage()["list"]
         big = [None] * 10**6

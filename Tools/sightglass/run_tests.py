@@ -36,6 +36,15 @@ KNOWN_FAILURES = {
     "test_cppext.TestCPPExt.test_build_cpp11",
 }
 
+# Tests that hang on stock 3.11 on our machines, so are not run at all
+# (regrtest --ignore).  The summary lists them.
+KNOWN_HANGS = {
+    # The VMs have a vsock device, but a connection to their own CID never
+    # arrives: accept() in setUp waits forever.
+    "test_socket.ThreadedVSOCKSocketStreamTest":
+        "vsock connection to the VM's own CID never arrives",
+}
+
 # Upstream modules that exercise what Sightglass changes: the eval loop,
 # tracing and profiling, frames and generators, allocation of core types.
 CORE_SLICE = """
@@ -162,7 +171,7 @@ def regrtest(python, label, tests, jobs, tally, workdir):
     """
     xml = os.path.join(workdir, f"{label}.xml")
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
-           "--junit-xml", xml] + tests
+           "--junit-xml", xml] + IGNORE + tests
     print(f"== {label}: {' '.join(cmd[1:])}", flush=True)
     proc = run_streaming(cmd)
     out = proc.stdout
@@ -174,7 +183,7 @@ def regrtest(python, label, tests, jobs, tally, workdir):
               flush=True)
         xml2 = os.path.join(workdir, f"{label}.rerun.xml")
         proc2 = run_streaming([python, "-m", "test", "--timeout", "1200",
-                               "-v", "--junit-xml", xml2] + rerun)
+                               "-v", "--junit-xml", xml2] + IGNORE + rerun)
         still = parse_failed_modules(proc2.stdout)
         drop_modules(xml, rerun)
         tally.add_junit(xml, label)
@@ -190,6 +199,9 @@ def regrtest(python, label, tests, jobs, tally, workdir):
     if proc.returncode not in (0, 2) and not failed_modules:
         tally.failed += 1
         tally.failures.append(f"{label}: regrtest exit {proc.returncode}")
+
+
+IGNORE = [arg for name in KNOWN_HANGS for arg in ("--ignore", f"*.{name}.*")]
 
 
 def run_streaming(cmd):
@@ -287,6 +299,8 @@ def main():
     regrtest(plain, "plain", slice_, ns.jobs, tally, workdir)
 
     print()
+    for name, why in KNOWN_HANGS.items():
+        print(f"not run here (hangs on stock 3.11 too): {name}: {why}")
     for line in tally.known:
         print(f"known environment failure (not counted): {line}")
     for line in tally.failures:
