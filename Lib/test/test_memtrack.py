@@ -319,6 +319,18 @@ class MemtrackTests(unittest.TestCase):
         sys.reset_peak_memory_used()
         self.assertLess(sys.peak_memory_used(), start + 2**20)
 
+    def test_extension_tag(self):
+        # _testcapi uses PyObject_T_MALLOC and friends as extensions do.
+        tag = "sightglass.extension"
+        addr = _testcapi.pyobject_t_malloc(tag, 300)
+        self.assertEqual(sys.type_memory_usage()[tag], pymalloc_block(300))
+        addr = _testcapi.pyobject_t_realloc(tag, addr, 100_000)
+        self.assertGreaterEqual(sys.type_memory_usage()[tag], 100_000)
+        self.assertEqual(sys.type_allocation_counts()[tag], 1)
+        _testcapi.pyobject_t_free(tag, addr)
+        self.assertEqual(sys.type_memory_usage()[tag], 0)
+        self.assertEqual(sys.type_allocation_counts()[tag], 0)
+
     def test_tracked_malloc_api(self):
         api = ctypes.pythonapi
         api.PyObject_TrackedMalloc.restype = ctypes.c_void_p

@@ -13,6 +13,7 @@ import sys
 import sysconfig
 import tempfile
 import unittest
+from test.support import import_helper
 
 
 def find_checkout():
@@ -73,6 +74,19 @@ class IdentityTests(unittest.TestCase):
                      "reset_peak_memory_used", "total_allocation_count",
                      "type_memory_usage", "type_allocation_counts"):
             self.assertEqual(hasattr(sys, name), configured, name)
+
+
+class TrackedMallocMacroTests(unittest.TestCase):
+
+    def test_macros_work_in_every_build(self):
+        # Without --with-memory-tracking they are the plain allocator.
+        _testcapi = import_helper.import_module("_testcapi")
+        addr = _testcapi.pyobject_t_malloc("sightglass.macro", 64)
+        self.assertNotEqual(addr, 0)
+        addr = _testcapi.pyobject_t_realloc("sightglass.macro", addr, 4096)
+        self.assertNotEqual(addr, 0)
+        self.assertIsNone(_testcapi.pyobject_t_free("sightglass.macro",
+                                                    addr))
 
 
 @unittest.skipIf(REPO is None, "needs a Sightglass checkout")
