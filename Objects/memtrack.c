@@ -1,13 +1,10 @@
 /* Memory accounting by purpose, for ./configure --with-memory-tracking.
 
-   See Include/internal/pycore_memtrack.h for the scheme.  Counts live in
-   tallies: one anonymous, one for the raw domain, one per type that has
-   claimed memory, one per name given to the tracked-malloc API.
-
-   Locking: the raw domain is used without the GIL, so its tally is atomic.
-   Everything else changes with the GIL held (the mem and object domains
-   require it), in plain fields.  The running total of those is kept as a
-   relaxed atomic only so that raw allocations can read it for the peak. */
+   See Include/internal/pycore_memtrack.h for the scheme.  The mem and
+   object domains' blocks are counted in _Py_memtrack, with the GIL held;
+   tallies claim parts of that for a type or a name, and the anonymous tag
+   is the rest.  The raw domain and the threads' frame stacks are used
+   without the GIL: their counts are atomic. */
 
 #include "Python.h"
 
@@ -19,33 +16,46 @@
 #include <stdatomic.h>
 #include <string.h>
 
-typedef struct {
-    Py_ssize_t bytes;
-    Py_ssize_t blocks;
-} tally;
-
-static tally anonymous;
-static _Atomic Py_ssize_t raw_bytes, raw_blocks;
-/* Threads' frame data stacks: arena memory, not from the three domains,
-   and freed without the GIL when a thread state is deleted.  Reported
-   under frame. */
-static _Atomic Py_ssize_t stack_bytes, stack_chunks;
-static _Atomic Py_ssize_t locked_bytes, locked_blocks;
-static _Atomic Py_ssize_t peak_bytes;
-
 #define RELAXED memory_order_relaxed
 
-static inline void
-locked_add(_Atomic Py_ssize_t *counter, Py_ssize_t n)
+struct _Py_memtrack_locked _Py_memtrack = {0, 0, {0}};
+
+static _Atomic Py_ssize_t raw_bytes, raw_blocks;
+static _Atomic Py_ssize_t stack_bytes, stack_chunks;
+static _Atomic Py_ssize_t peak_bytes;
+
+/* Every tally, types' and names'; names are found by a walk. */
+static _Py_memtally *tallies;
+static _Py_memtally *free_tallies;
+
+
+/* --- totals and the peak ------------------------------------------------ */
+
+static Py_ssize_t
+locked_bytes(void)
 {
-    /* GIL held: no other writer, so no read-modify-write is needed. */
-    atomic_store_explicit(counter,
-                          atomic_load_explicit(counter, RELAXED) + n,
-                          RELAXED);
+    /* Written with the GIL held; read here by threads that may lack it. */
+    return *(volatile Py_ssize_t *)&_Py_memtrack.bytes;
 }
 
-static inline void
-note_peak(void)
+Py_ssize_t
+_PyMemTrack_TotalBytes(void)
+{
+    return (locked_bytes()
+            + atomic_load_explicit(&raw_bytes, RELAXED)
+            + atomic_load_explicit(&stack_bytes, RELAXED));
+}
+
+Py_ssize_t
+_PyMemTrack_TotalBlocks(void)
+{
+    return (*(volatile Py_ssize_t *)&_Py_memtrack.blocks
+            + atomic_load_explicit(&raw_blocks, RELAXED)
+            + atomic_load_explicit(&stack_chunks, RELAXED));
+}
+
+static void
+raise_peak(void)
 {
     Py_ssize_t now = _PyMemTrack_TotalBytes();
     Py_ssize_t peak = atomic_load_explicit(&peak_bytes, RELAXED);
@@ -56,34 +66,49 @@ note_peak(void)
     }
 }
 
-
-/* --- what the base allocators report ------------------------------------ */
-
 void
-_PyMemTrack_AllocAnonymous(size_t size)
+_PyMemTrack_NotePeak(void)
 {
-    anonymous.bytes += (Py_ssize_t)size;
-    anonymous.blocks++;
-    locked_add(&locked_bytes, (Py_ssize_t)size);
-    locked_add(&locked_blocks, 1);
-    note_peak();
+    /* GIL held.  Until the locked bytes pass the watermark, the total
+       cannot pass the peak (unless the other counts grow: they lower the
+       watermark when they do). */
+    raise_peak();
+    Py_ssize_t room = (atomic_load_explicit(&peak_bytes, RELAXED)
+                       - _PyMemTrack_TotalBytes());
+    _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark,
+                             (uintptr_t)(_Py_memtrack.bytes + room));
+}
+
+static void
+other_counts_grew(void)
+{
+    raise_peak();
+    _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
+}
+
+Py_ssize_t
+_PyMemTrack_PeakBytes(void)
+{
+    raise_peak();
+    return atomic_load_explicit(&peak_bytes, RELAXED);
 }
 
 void
-_PyMemTrack_FreeAnonymous(size_t size)
+_PyMemTrack_ResetPeak(void)
 {
-    anonymous.bytes -= (Py_ssize_t)size;
-    anonymous.blocks--;
-    locked_add(&locked_bytes, -(Py_ssize_t)size);
-    locked_add(&locked_blocks, -1);
+    atomic_store_explicit(&peak_bytes, _PyMemTrack_TotalBytes(), RELAXED);
+    _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
+
+
+/* --- the raw domain and the frame stacks --------------------------------- */
 
 void
 _PyMemTrack_AllocRaw(size_t size)
 {
     atomic_fetch_add_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_add_explicit(&raw_blocks, 1, RELAXED);
-    note_peak();
+    other_counts_grew();
 }
 
 void
@@ -99,160 +124,91 @@ _PyMemTrack_FrameStack(Py_ssize_t delta)
     atomic_fetch_add_explicit(&stack_bytes, delta, RELAXED);
     atomic_fetch_add_explicit(&stack_chunks, delta > 0 ? 1 : -1, RELAXED);
     if (delta > 0) {
-        note_peak();
+        other_counts_grew();
     }
 }
 
 
-/* --- moving blocks between the anonymous tally and a claimed one -------- */
+/* --- tallies ------------------------------------------------------------- */
 
-static inline void
-claim(tally *to, Py_ssize_t size)
+static _Py_memtally *
+new_tally(void)
 {
-    anonymous.bytes -= size;
-    anonymous.blocks--;
-    to->bytes += size;
-    to->blocks++;
-}
-
-static inline void
-unclaim(tally *from, Py_ssize_t size)
-{
-    /* A block must be given back by the tally that claimed it. */
-    assert(from->bytes >= size && from->blocks > 0);
-    if (from->bytes < size || from->blocks <= 0) {
-        return;     /* keep every tally and the sum consistent */
+    _Py_memtally *t = free_tallies;
+    if (t != NULL) {
+        free_tallies = t->next;
     }
-    from->bytes -= size;
-    from->blocks--;
-    anonymous.bytes += size;
-    anonymous.blocks++;
-}
-
-
-/* --- tallies of types: an open-addressing table keyed by the type ------- */
-
-typedef struct {
-    PyTypeObject *type;     /* NULL: never used; REMOVED: free again */
-    tally counts;
-} type_entry;
-
-#define REMOVED ((PyTypeObject *)1)
-
-static type_entry *types;
-static size_t types_mask;       /* capacity - 1; capacity a power of two */
-static size_t types_filled;     /* entries not NULL, REMOVED included */
-
-static inline size_t
-type_hash(PyTypeObject *type)
-{
-    return (size_t)(((uintptr_t)type >> 4) * 2654435761u);
-}
-
-static int
-grow_types(void)
-{
-    size_t capacity = types ? 2 * (types_mask + 1) : 512;
-    /* Never tracked: the accounting must not account itself. */
-    type_entry *table = PyObject_RAW_MALLOC(capacity * sizeof(type_entry));
-    if (table == NULL) {
-        return -1;
-    }
-    memset(table, 0, capacity * sizeof(type_entry));
-    size_t filled = 0;
-    for (size_t i = 0; types != NULL && i <= types_mask; i++) {
-        PyTypeObject *type = types[i].type;
-        if (type == NULL || type == REMOVED) {
-            continue;
-        }
-        size_t j = type_hash(type) & (capacity - 1);
-        while (table[j].type != NULL) {
-            j = (j + 1) & (capacity - 1);
-        }
-        table[j] = types[i];
-        filled++;
-    }
-    PyObject_RAW_FREE(types);
-    types = table;
-    types_mask = capacity - 1;
-    types_filled = filled;
-    return 0;
-}
-
-/* The entry of `type`, or NULL; *reuse gets a free slot on its probe path. */
-static inline type_entry *
-find_type(PyTypeObject *type, type_entry **reuse)
-{
-    if (types == NULL) {
-        return NULL;
-    }
-    size_t i = type_hash(type) & types_mask;
-    for (;;) {
-        type_entry *e = &types[i];
-        if (e->type == type) {
-            return e;
-        }
-        if (e->type == NULL) {
+    else {
+        /* Never tracked: the accounting must not account itself. */
+        t = PyObject_RAW_MALLOC(sizeof(_Py_memtally));
+        if (t == NULL) {
             return NULL;
         }
-        if (e->type == REMOVED && reuse != NULL && *reuse == NULL) {
-            *reuse = e;
-        }
-        i = (i + 1) & types_mask;
     }
+    memset(t, 0, sizeof(*t));
+    t->next = tallies;
+    if (tallies != NULL) {
+        tallies->prev = t;
+    }
+    tallies = t;
+    return t;
 }
 
-/* The tally of `type`; with create, made if missing (NULL if no memory). */
-static tally *
+static _Py_memtally *
 type_tally(PyTypeObject *type, int create)
 {
-    type_entry *reuse = NULL;
-    type_entry *e = find_type(type, create ? &reuse : NULL);
-    if (e != NULL) {
-        return &e->counts;
+    _Py_memtally *t = (_Py_memtally *)type->tp_cache;
+    if (t == NULL && create && (t = new_tally()) != NULL) {
+        t->type = type;
+        type->tp_cache = (PyObject *)t;
     }
-    if (!create) {
-        return NULL;
-    }
-    if (reuse != NULL) {
-        reuse->type = type;
-        reuse->counts = (tally){0, 0};
-        return &reuse->counts;
-    }
-    if ((types_filled + 1) * 2 > (types ? types_mask + 1 : 0)) {
-        if (grow_types() < 0) {
-            return NULL;
-        }
-    }
-    size_t i = type_hash(type) & types_mask;
-    while (types[i].type != NULL && types[i].type != REMOVED) {
-        i = (i + 1) & types_mask;
-    }
-    if (types[i].type == NULL) {
-        types_filled++;
-    }
-    types[i].type = type;
-    types[i].counts = (tally){0, 0};
-    return &types[i].counts;
+    return t;
 }
 
 void
 _PyMemTrack_ForgetType(PyTypeObject *type)
 {
-    /* Its instances are gone; whatever is left (memory a C extension
-       still holds under it) goes back to the anonymous tally, and the
-       slot is freed before another type can be made at this address. */
-    type_entry *e = find_type(type, NULL);
-    if (e == NULL) {
+    /* Its instances are gone.  What is left (memory a C extension still
+       holds under it) becomes anonymous, and the tally is freed before
+       another type can be made at this address. */
+    _Py_memtally *t = (_Py_memtally *)type->tp_cache;
+    if (t == NULL) {
         return;
     }
-    anonymous.bytes += e->counts.bytes;
-    anonymous.blocks += e->counts.blocks;
-    e->type = REMOVED;
+    type->tp_cache = NULL;
+    if (t->prev != NULL) {
+        t->prev->next = t->next;
+    }
+    else {
+        tallies = t->next;
+    }
+    if (t->next != NULL) {
+        t->next->prev = t->prev;
+    }
+    t->next = free_tallies;
+    free_tallies = t;
+}
+
+static inline void
+claim(_Py_memtally *t, Py_ssize_t size)
+{
+    t->bytes += size;
+    t->blocks++;
+}
+
+static inline void
+unclaim(_Py_memtally *t, Py_ssize_t size)
+{
+    /* A block must be given back by the tally that claimed it. */
+    assert(t->bytes >= size && t->blocks > 0);
+    if (t->bytes >= size && t->blocks > 0) {
+        t->bytes -= size;
+        t->blocks--;
+    }
 }
 
 
-/* --- objects ------------------------------------------------------------ */
+/* --- objects ------------------------------------------------------------- */
 
 static inline void *
 object_block(PyObject *op, PyTypeObject *type)
@@ -261,20 +217,30 @@ object_block(PyObject *op, PyTypeObject *type)
 }
 
 void
-_PyMemTrack_NewObject(PyObject *op)
+_PyMemTrack_NewObjectSlow(PyObject *op)
 {
     PyTypeObject *type = Py_TYPE(op);
-    tally *t = type_tally(type, 1);
-    if (t != NULL) {
-        claim(t, _PyMem_ReservedSize(object_block(op, type)));
+    _Py_memtally *t = type_tally(type, 1);
+    if (t == NULL) {
+        return;
+    }
+    size_t size = _PyMem_ReservedSize(object_block(op, type));
+    claim(t, size);
+    /* Objects of a type without items are all alike, but for str. */
+    if (type->tp_itemsize == 0
+        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS)
+        && size == _PyMem_ReservedSizeFor(type->tp_basicsize
+                                          + _PyType_PreHeaderSize(type)))
+    {
+        t->object_block = size;
     }
 }
 
 void
-_PyMemTrack_ForgetObject(PyObject *op)
+_PyMemTrack_ForgetObjectSlow(PyObject *op)
 {
     PyTypeObject *type = Py_TYPE(op);
-    tally *t = type_tally(type, 0);
+    _Py_memtally *t = type_tally(type, 0);
     if (t != NULL) {
         unclaim(t, _PyMem_ReservedSize(object_block(op, type)));
     }
@@ -286,8 +252,8 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
     /* __class__ assignment keeps the layout, hence the block. */
     PyTypeObject *to = Py_TYPE(op);
     Py_ssize_t size = _PyMem_ReservedSize(object_block(op, to));
-    tally *old = type_tally(from, 0);
-    tally *new = type_tally(to, 1);
+    _Py_memtally *old = type_tally(from, 0);
+    _Py_memtally *new = type_tally(to, 1);
     if (old != NULL && new != NULL) {
         unclaim(old, size);
         claim(new, size);
@@ -295,12 +261,12 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
 }
 
 
-/* --- buffers owned by objects of core types ----------------------------- */
+/* --- buffers owned by objects of core types ------------------------------ */
 
 void
 _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
-    tally *t = type_tally(owner, 1);
+    _Py_memtally *t = type_tally(owner, 1);
     if (t != NULL) {
         claim(t, _PyMem_ReservedSize(ptr));
     }
@@ -309,7 +275,7 @@ _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 void
 _PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr)
 {
-    tally *t = type_tally(owner, 0);
+    _Py_memtally *t = type_tally(owner, 0);
     if (t != NULL) {
         unclaim(t, _PyMem_ReservedSize(ptr));
     }
@@ -368,65 +334,52 @@ _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 }
 
 
-/* --- named tallies, for the public API ---------------------------------- */
+/* --- named tallies, for the public API ----------------------------------- */
 
-typedef struct {
-    char *name;
-    tally counts;
-} named_entry;
-
-static named_entry *names;
-static size_t names_len, names_cap;
-
-static tally *
+/* The tally of a name; NULL for the anonymous tag, or without memory. */
+static _Py_memtally *
 named_tally(const char *what)
 {
-    if (what == NULL) {
-        what = "";
+    if (what == NULL || what[0] == '\0') {
+        return NULL;
     }
-    for (size_t i = 0; i < names_len; i++) {
-        if (strcmp(names[i].name, what) == 0) {
-            return &names[i].counts;
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        if (t->type == NULL && strcmp(t->name, what) == 0) {
+            return t;
         }
-    }
-    if (what[0] == '\0') {
-        return &anonymous;
-    }
-    if (names_len == names_cap) {
-        size_t cap = names_cap ? 2 * names_cap : 16;
-        named_entry *grown = PyObject_RAW_REALLOC(names,
-                                                  cap * sizeof(named_entry));
-        if (grown == NULL) {
-            return NULL;
-        }
-        names = grown;
-        names_cap = cap;
     }
     size_t len = strlen(what) + 1;
     char *copy = PyObject_RAW_MALLOC(len);
     if (copy == NULL) {
         return NULL;
     }
+    _Py_memtally *t = new_tally();
+    if (t == NULL) {
+        PyObject_RAW_FREE(copy);
+        return NULL;
+    }
     memcpy(copy, what, len);
-    names[names_len] = (named_entry){copy, {0, 0}};
-    return &names[names_len++].counts;
+    t->name = copy;
+    return t;
 }
 
 void
 Py_AdjustTrackedMemory(const char *what, Py_ssize_t delta)
 {
-    tally *t = named_tally(what);
-    if (t == NULL) {
-        return;
+    _Py_memtally *t = named_tally(what);
+    if (t != NULL) {
+        assert(t->bytes + delta >= 0);
+        if (t->bytes + delta < 0) {
+            delta = -t->bytes;
+        }
+        t->bytes += delta;
     }
-    assert(t->bytes + delta >= 0);
-    if (t->bytes + delta < 0) {
-        delta = -t->bytes;
+    else if (delta < 0) {
+        return;     /* nothing to take anonymous memory from */
     }
-    t->bytes += delta;
-    locked_add(&locked_bytes, delta);
+    _Py_memtrack.bytes += delta;
     if (delta > 0) {
-        note_peak();
+        _PyMemTrack_NotePeak();
     }
 }
 
@@ -446,8 +399,8 @@ void *
 PyObject_TrackedMalloc(const char *what, size_t nbytes)
 {
     void *ptr = PyObject_Malloc(nbytes);
-    tally *t;
-    if (ptr != NULL && (t = named_tally(what)) != NULL && t != &anonymous) {
+    _Py_memtally *t;
+    if (ptr != NULL && (t = named_tally(what)) != NULL) {
         claim(t, _PyMem_ReservedSize(ptr));
     }
     return ptr;
@@ -456,10 +409,7 @@ PyObject_TrackedMalloc(const char *what, size_t nbytes)
 void *
 PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 {
-    tally *t = named_tally(what);
-    if (t == &anonymous) {
-        t = NULL;
-    }
+    _Py_memtally *t = named_tally(what);
     if (ptr != NULL && t != NULL) {
         unclaim(t, _PyMem_ReservedSize(ptr));
     }
@@ -473,44 +423,15 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    tally *t;
-    if (ptr != NULL && (t = named_tally(what)) != NULL && t != &anonymous) {
+    _Py_memtally *t;
+    if (ptr != NULL && (t = named_tally(what)) != NULL) {
         unclaim(t, _PyMem_ReservedSize(ptr));
     }
     PyObject_Free(ptr);
 }
 
 
-/* --- reading it back (sys) ---------------------------------------------- */
-
-Py_ssize_t
-_PyMemTrack_TotalBytes(void)
-{
-    return (atomic_load_explicit(&locked_bytes, RELAXED)
-            + atomic_load_explicit(&raw_bytes, RELAXED)
-            + atomic_load_explicit(&stack_bytes, RELAXED));
-}
-
-Py_ssize_t
-_PyMemTrack_TotalBlocks(void)
-{
-    return (atomic_load_explicit(&locked_blocks, RELAXED)
-            + atomic_load_explicit(&raw_blocks, RELAXED)
-            + atomic_load_explicit(&stack_chunks, RELAXED));
-}
-
-Py_ssize_t
-_PyMemTrack_PeakBytes(void)
-{
-    note_peak();
-    return atomic_load_explicit(&peak_bytes, RELAXED);
-}
-
-void
-_PyMemTrack_ResetPeak(void)
-{
-    atomic_store_explicit(&peak_bytes, _PyMemTrack_TotalBytes(), RELAXED);
-}
+/* --- reading it back (sys) ----------------------------------------------- */
 
 static int
 add_to(PyObject *dict, PyObject *key, Py_ssize_t value)
@@ -531,93 +452,78 @@ add_to(PyObject *dict, PyObject *key, Py_ssize_t value)
     return res;
 }
 
+/* Add an entry; steals the reference to key. */
+static int
+report(PyObject *dict, PyObject *key, Py_ssize_t value)
+{
+    int res = add_to(dict, key, value);
+    Py_XDECREF(key);
+    return res;
+}
+
 PyObject *
 _PyMemTrack_Usage(int blocks, int by_type)
 {
-    /* Building the dict allocates, which changes the tallies and may move
-       the type table: take a copy first, then report the copy. */
-    size_t ntypes = types ? types_mask + 1 : 0;
-    type_entry *snap_types = PyObject_RAW_MALLOC(
-        (ntypes ? ntypes : 1) * sizeof(type_entry));
-    named_entry *snap_names = PyObject_RAW_MALLOC(
-        (names_len ? names_len : 1) * sizeof(named_entry));
-    if (snap_types == NULL || snap_names == NULL) {
-        PyObject_RAW_FREE(snap_types);
-        PyObject_RAW_FREE(snap_names);
+    /* Building the dict allocates, which changes the tallies: copy them
+       first, then report the copy. */
+    size_t n = 0;
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        n++;
+    }
+    _Py_memtally *snap = PyObject_RAW_MALLOC((n ? n : 1) * sizeof(*snap));
+    if (snap == NULL) {
         return PyErr_NoMemory();
     }
-    if (ntypes) {
-        memcpy(snap_types, types, ntypes * sizeof(type_entry));
+    Py_ssize_t anonymous = blocks ? _Py_memtrack.blocks : _Py_memtrack.bytes;
+    n = 0;
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        snap[n] = *t;
+        anonymous -= blocks ? t->blocks : t->bytes;
+        n++;
     }
-    size_t nnames = names_len;
-    if (nnames) {
-        memcpy(snap_names, names, nnames * sizeof(named_entry));
-    }
-    tally anon = anonymous;
-    tally raw = {atomic_load_explicit(&raw_bytes, RELAXED),
-                 atomic_load_explicit(&raw_blocks, RELAXED)};
-    tally stacks = {atomic_load_explicit(&stack_bytes, RELAXED),
-                    atomic_load_explicit(&stack_chunks, RELAXED)};
+    Py_ssize_t raw = atomic_load_explicit(blocks ? &raw_blocks : &raw_bytes,
+                                          RELAXED);
+    Py_ssize_t stacks = atomic_load_explicit(
+        blocks ? &stack_chunks : &stack_bytes, RELAXED);
 
-#define VALUE(t) (blocks ? (t).blocks : (t).bytes)
     PyObject *result = PyDict_New();
     if (result == NULL) {
         goto done;
     }
-    /* Types first: a type may hold references to names below. */
-    for (size_t i = 0; i < ntypes; i++) {
-        PyTypeObject *type = snap_types[i].type;
-        if (type == NULL || type == REMOVED
-            || (snap_types[i].counts.bytes == 0
-                && snap_types[i].counts.blocks == 0))
-        {
+    for (size_t i = 0; i < n; i++) {
+        Py_ssize_t value = blocks ? snap[i].blocks : snap[i].bytes;
+        if (value == 0 && snap[i].type != NULL) {
             continue;
         }
-        /* Interned: repeated snapshots share their keys. */
-        PyObject *key = by_type ? Py_NewRef(type)
-                                : PyUnicode_InternFromString(
-                                      _PyType_Name(type));
-        int res = add_to(result, key, VALUE(snap_types[i].counts));
-        Py_XDECREF(key);
-        if (res < 0) {
+        PyObject *key;
+        if (snap[i].type == NULL) {
+            key = PyUnicode_InternFromString(snap[i].name);
+        }
+        else if (by_type) {
+            key = Py_NewRef(snap[i].type);
+        }
+        else {
+            /* Interned: repeated snapshots share their keys. */
+            key = PyUnicode_InternFromString(_PyType_Name(snap[i].type));
+        }
+        if (report(result, key, value) < 0) {
             goto error;
         }
     }
-    for (size_t i = 0; i < nnames; i++) {
-        PyObject *key = PyUnicode_InternFromString(snap_names[i].name);
-        int res = add_to(result, key, VALUE(snap_names[i].counts));
-        Py_XDECREF(key);
-        if (res < 0) {
-            goto error;
-        }
-    }
-    PyObject *key = by_type ? Py_NewRef(&PyFrame_Type)
-                            : PyUnicode_InternFromString("frame");
-    int res = add_to(result, key, VALUE(stacks));
-    Py_XDECREF(key);
-    if (res < 0) {
-        goto error;
-    }
-    key = PyUnicode_InternFromString("");
-    res = add_to(result, key, VALUE(anon));
-    Py_XDECREF(key);
-    if (res < 0) {
-        goto error;
-    }
-    key = PyUnicode_InternFromString("<raw>");
-    res = add_to(result, key, VALUE(raw));
-    Py_XDECREF(key);
-    if (res < 0) {
+    if (report(result, by_type ? Py_NewRef(&PyFrame_Type)
+                                : PyUnicode_InternFromString("frame"),
+               stacks) < 0
+        || report(result, PyUnicode_InternFromString(""), anonymous) < 0
+        || report(result, PyUnicode_InternFromString("<raw>"), raw) < 0)
+    {
         goto error;
     }
     goto done;
-#undef VALUE
 
 error:
     Py_CLEAR(result);
 done:
-    PyObject_RAW_FREE(snap_types);
-    PyObject_RAW_FREE(snap_names);
+    PyObject_RAW_FREE(snap);
     return result;
 }
 

@@ -19,9 +19,54 @@ extern "C" {
 
 #ifdef Py_TRACK_MEMORY
 
-/* Called by the base allocators (obmalloc.c) only. */
-extern void _PyMemTrack_AllocAnonymous(size_t size);
-extern void _PyMemTrack_FreeAnonymous(size_t size);
+#include "pycore_atomic.h"        // _Py_atomic_address
+
+/* What one type, or one name given to the tracked-malloc API, holds.  A
+   type's tally hangs from its tp_cache, which CPython 3.11 leaves unused,
+   so that finding it costs one load. */
+typedef struct _Py_memtally {
+    Py_ssize_t bytes;
+    Py_ssize_t blocks;
+    /* The block each object of the type takes, once known to be the same
+       for all of them; 0: ask the allocator every time. */
+    Py_ssize_t object_block;
+    PyTypeObject *type;             /* NULL for a name */
+    char *name;                     /* a name's own copy */
+    struct _Py_memtally *prev, *next;
+} _Py_memtally;
+
+/* What the mem and object domains hold: changed with the GIL held only.
+   The anonymous tag is what no tally has claimed of it. */
+struct _Py_memtrack_locked {
+    Py_ssize_t bytes;
+    Py_ssize_t blocks;
+    /* Above this, the peak may have to move. */
+    _Py_atomic_address peak_watermark;
+};
+extern struct _Py_memtrack_locked _Py_memtrack;
+
+extern void _PyMemTrack_NotePeak(void);
+
+/* Called by the base allocators (obmalloc.c) for every block. */
+static inline void
+_PyMemTrack_AllocAnonymous(size_t size)
+{
+    _Py_memtrack.bytes += (Py_ssize_t)size;
+    _Py_memtrack.blocks++;
+    if ((size_t)_Py_memtrack.bytes
+        > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark))
+    {
+        _PyMemTrack_NotePeak();
+    }
+}
+
+static inline void
+_PyMemTrack_FreeAnonymous(size_t size)
+{
+    _Py_memtrack.bytes -= (Py_ssize_t)size;
+    _Py_memtrack.blocks--;
+}
+
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);
 
@@ -30,10 +75,42 @@ extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 
 /* What the allocator reserved for a block of the mem or object domain. */
 extern size_t _PyMem_ReservedSize(void *ptr);
+/* What it would reserve for a request of size bytes, when that is the same
+   every time (a pymalloc size class); else 0. */
+extern size_t _PyMem_ReservedSizeFor(size_t size);
 
 /* Objects: their block counts under their type while they live. */
-extern void _PyMemTrack_NewObject(PyObject *op);
-extern void _PyMemTrack_ForgetObject(PyObject *op);
+extern void _PyMemTrack_NewObjectSlow(PyObject *op);
+extern void _PyMemTrack_ForgetObjectSlow(PyObject *op);
+
+static inline void
+_PyMemTrack_NewObject(PyObject *op)
+{
+    _Py_memtally *t = (_Py_memtally *)Py_TYPE(op)->tp_cache;
+    if (t != NULL && t->object_block != 0) {
+        t->bytes += t->object_block;
+        t->blocks++;
+    }
+    else {
+        _PyMemTrack_NewObjectSlow(op);
+    }
+}
+
+static inline void
+_PyMemTrack_ForgetObject(PyObject *op)
+{
+    _Py_memtally *t = (_Py_memtally *)Py_TYPE(op)->tp_cache;
+    if (t != NULL && t->object_block != 0
+        && t->bytes >= t->object_block && t->blocks > 0)
+    {
+        t->bytes -= t->object_block;
+        t->blocks--;
+    }
+    else {
+        _PyMemTrack_ForgetObjectSlow(op);
+    }
+}
+
 extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
