@@ -1,0 +1,186 @@
+#ifndef Py_INTERNAL_MONITORING_H
+#define Py_INTERNAL_MONITORING_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef Py_BUILD_CORE
+#  error "this header requires Py_BUILD_CORE define"
+#endif
+
+/* sys.monitoring (PEP 669), implemented in Python/instrumentation.c.
+
+   Events that happen at a bytecode instruction (PY_START, PY_RETURN,
+   CALL, ...) cost nothing where no tool wants them: the instruction is
+   replaced by an INSTRUMENTED_ form in the quickened bytecode only where
+   some tool has the event active.  Every change of events, callbacks'
+   DISABLE state or tools bumps the interpreter's version; a code object
+   brings its bytecode up to date when RESUME finds its own version behind,
+   and the code of every executing frame is brought up to date at once.
+   Events of the exception paths (RAISE, PY_UNWIND, ...) are checked there,
+   where a test of one byte is lost in the cost of the exception. */
+
+/* Event numbers: bit positions in an event set.  The first seventeen are
+   CPython 3.12's, so that sets written as numbers for 3.12 keep their
+   meaning; 3.14's split branch events and the PEP draft's MARKER follow. */
+#define _PY_MONITORING_EVENT_PY_START 0
+#define _PY_MONITORING_EVENT_PY_RESUME 1
+#define _PY_MONITORING_EVENT_PY_RETURN 2
+#define _PY_MONITORING_EVENT_PY_YIELD 3
+#define _PY_MONITORING_EVENT_CALL 4
+#define _PY_MONITORING_EVENT_LINE 5
+#define _PY_MONITORING_EVENT_INSTRUCTION 6
+#define _PY_MONITORING_EVENT_JUMP 7
+#define _PY_MONITORING_EVENT_BRANCH 8
+#define _PY_MONITORING_EVENT_STOP_ITERATION 9
+#define _PY_MONITORING_EVENT_RAISE 10
+#define _PY_MONITORING_EVENT_EXCEPTION_HANDLED 11
+#define _PY_MONITORING_EVENT_PY_UNWIND 12
+#define _PY_MONITORING_EVENT_PY_THROW 13
+#define _PY_MONITORING_EVENT_RERAISE 14
+#define _PY_MONITORING_EVENT_C_RETURN 15
+#define _PY_MONITORING_EVENT_C_RAISE 16
+#define _PY_MONITORING_EVENT_BRANCH_LEFT 17
+#define _PY_MONITORING_EVENT_BRANCH_RIGHT 18
+#define _PY_MONITORING_EVENT_MARKER 19
+#define _PY_MONITORING_EVENTS 20
+
+/* Events that may be set for one code object (set_local_events). */
+#define _PY_MONITORING_LOCAL_EVENTS \
+    ((1 << (_PY_MONITORING_EVENT_STOP_ITERATION + 1)) - 1 \
+     | 1 << _PY_MONITORING_EVENT_BRANCH_LEFT \
+     | 1 << _PY_MONITORING_EVENT_BRANCH_RIGHT \
+     | 1 << _PY_MONITORING_EVENT_MARKER)
+
+/* Tools 0-5 belong to users; the ids above are reserved, as upstream
+   reserves them for sys.setprofile and sys.settrace. */
+#define _PY_MONITORING_TOOL_IDS 8
+#define _PY_MONITORING_USER_TOOL_IDS 6
+
+struct _Py_monitoring_state {
+    /* Bumped by every change that may change what code must deliver. */
+    uint32_t version;
+    /* Code brought up to date from a version below this one forgets which
+       tools returned DISABLE where (restart_events). */
+    uint32_t restart_version;
+    /* Per event, the tools that have it set for all code. */
+    uint8_t global[_PY_MONITORING_EVENTS];
+    /* Bumped when a tool id is freed: local events set for the tool's
+       earlier user are void from then on. */
+    uint32_t tool_epoch[_PY_MONITORING_TOOL_IDS];
+    /* Every event some code has had set locally: where an event is not
+       instrumented, its path checks for this before it looks closer. */
+    uint32_t local_union;
+    PyObject *tool_names[_PY_MONITORING_TOOL_IDS];
+    PyObject *callbacks[_PY_MONITORING_TOOL_IDS][_PY_MONITORING_EVENTS];
+};
+
+/* What a code object knows of monitoring; allocated the first time it has
+   local events or an instrumented instruction. */
+typedef struct _PyCoMonitoringData {
+    /* Local events per tool, valid while local_epoch matches the tool's. */
+    uint32_t local_events[_PY_MONITORING_TOOL_IDS];
+    uint32_t local_epoch[_PY_MONITORING_TOOL_IDS];
+    /* The tool epochs the DISABLE marks below belong to. */
+    uint32_t disabled_epoch[_PY_MONITORING_TOOL_IDS];
+    /* Per event, the tools active for this code when it was last brought
+       up to date: the global ones and its local ones. */
+    uint8_t active[_PY_MONITORING_EVENTS];
+    /* Per code unit of an event site, the tools that returned DISABLE
+       there; a site is instrumented while some active tool has not. */
+    uint8_t site_disabled[1];
+} _PyCoMonitoringData;
+
+/* sys.monitoring.MISSING: the arg0 of a call without arguments. */
+typedef struct {
+    PyObject_HEAD
+    const char *name;
+} _PyMonitoringSentinel;
+extern _PyMonitoringSentinel _PyMonitoring_Missing;
+#define _PyMonitoring_MISSING ((PyObject *)&_PyMonitoring_Missing)
+
+/* The sys.monitoring module object, for sys. */
+extern PyObject *_PyMonitoring_InitModule(void);
+extern void _PyMonitoring_Clear(PyInterpreterState *interp);
+extern void _PyMonitoring_FreeCodeData(PyCodeObject *code);
+
+/* Bring code up to date with the interpreter's monitoring state. */
+extern int _PyMonitoring_Instrument(PyCodeObject *code,
+                                    PyInterpreterState *interp);
+
+/* Deliver the event of the instrumented instruction at `instr`. */
+extern int _PyMonitoring_FireResume(PyThreadState *tstate,
+                                    struct _PyInterpreterFrame *frame,
+                                    _Py_CODEUNIT *instr);
+extern int _PyMonitoring_FireReturn(PyThreadState *tstate,
+                                    struct _PyInterpreterFrame *frame,
+                                    _Py_CODEUNIT *instr, PyObject *retval);
+extern int _PyMonitoring_FireCall(PyThreadState *tstate,
+                                  struct _PyInterpreterFrame *frame,
+                                  _Py_CODEUNIT *instr, PyObject *callable,
+                                  PyObject *arg0);
+/* C_RETURN, or C_RAISE with the exception set, after a call of a callable
+   that is not a Python function; returns `res`, or NULL when a callback
+   raised. */
+extern PyObject *_PyMonitoring_FireCallResult(PyThreadState *tstate,
+                                              struct _PyInterpreterFrame *frame,
+                                              _Py_CODEUNIT *instr,
+                                              PyObject *callable,
+                                              PyObject *arg0, PyObject *res);
+
+/* Events of the exception paths; the exception is set (PY_THROW, RAISE,
+   RERAISE, PY_UNWIND) or has been handed to the handler
+   (EXCEPTION_HANDLED).  Return -1 when a callback raised, its exception
+   replacing the one being propagated. */
+extern int _PyMonitoring_FireException(PyThreadState *tstate, int event,
+                                       struct _PyInterpreterFrame *frame,
+                                       _Py_CODEUNIT *instr);
+/* The handler that `instr` starts got the exception in *handled; a
+   callback's exception takes its place there. */
+extern void _PyMonitoring_FireHandled(PyThreadState *tstate,
+                                      struct _PyInterpreterFrame *frame,
+                                      _Py_CODEUNIT *instr,
+                                      PyObject **handled);
+/* A generator's frame is entered by throw(): bring its code up to date and
+   deliver PY_THROW.  A failure replaces the thrown exception. */
+extern void _PyMonitoring_EnterThrow(PyThreadState *tstate,
+                                     struct _PyInterpreterFrame *frame);
+/* A for loop's iterator `iter` is exhausted, its StopIteration set or not:
+   STOP_ITERATION for a generator, RAISE for a StopIteration raised by
+   another iterator. */
+extern int _PyMonitoring_FireIteratorEnd(PyThreadState *tstate,
+                                         struct _PyInterpreterFrame *frame,
+                                         _Py_CODEUNIT *instr, PyObject *iter);
+/* A generator or coroutine returned `value` to a yield from or an await. */
+extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
+                                           struct _PyInterpreterFrame *frame,
+                                           _Py_CODEUNIT *instr,
+                                           PyObject *value);
+
+/* Whether a tool has `event` set for all code. */
+#define _PyMonitoring_IsActive(tstate, event) \
+    ((tstate)->interp->monitoring.global[(event)] != 0)
+
+/* Whether STOP_ITERATION may be wanted anywhere: globally, or locally by
+   some code (then the code's sites tell). */
+#define _PyMonitoring_StopIterationWanted(interp) \
+    ((interp)->monitoring.global[_PY_MONITORING_EVENT_STOP_ITERATION] \
+     || ((interp)->monitoring.local_union \
+         >> _PY_MONITORING_EVENT_STOP_ITERATION) & 1)
+#define _PyMonitoring_IteratorEndWanted(tstate) \
+    (_PyMonitoring_StopIterationWanted((tstate)->interp) \
+     || _PyMonitoring_IsActive((tstate), _PY_MONITORING_EVENT_RAISE))
+
+/* Where a trace function runs the unspecialized form of an instruction,
+   an instrumented one stays itself, to deliver its event. */
+#define _PyMonitoring_IsInstrumentedOpcode(op) \
+    ((op) == INSTRUMENTED_RESUME || (op) == INSTRUMENTED_RETURN_VALUE \
+     || (op) == INSTRUMENTED_YIELD_VALUE || (op) == INSTRUMENTED_PRECALL \
+     || (op) == INSTRUMENTED_CALL || (op) == INSTRUMENTED_CALL_FUNCTION_EX)
+#define _PyMonitoring_TracingOpcode(op) \
+    (_PyMonitoring_IsInstrumentedOpcode(op) ? (op) : _PyOpcode_Deopt[(op)])
+
+#ifdef __cplusplus
+}
+#endif
+#endif  /* !Py_INTERNAL_MONITORING_H */

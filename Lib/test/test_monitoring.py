@@ -1,0 +1,1078 @@
+"""Tests for sys.monitoring (PEP 669) as Sightglass implements it."""
+
+import asyncio
+import dis
+import marshal
+import subprocess
+import sys
+import textwrap
+import threading
+import types
+import unittest
+from test.support import script_helper
+
+M = sys.monitoring
+E = M.events
+TOOL = M.PROFILER_ID
+OTHER = M.DEBUGGER_ID
+
+EVENT_NAMES = [
+    "PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "CALL", "LINE",
+    "INSTRUCTION", "JUMP", "BRANCH", "STOP_ITERATION", "RAISE",
+    "EXCEPTION_HANDLED", "PY_UNWIND", "PY_THROW", "RERAISE", "C_RETURN",
+    "C_RAISE", "BRANCH_LEFT", "BRANCH_RIGHT", "MARKER",
+]
+# The events of this module's tests, all of them global-capable.
+PART1 = ["PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "CALL",
+         "STOP_ITERATION", "RAISE", "EXCEPTION_HANDLED", "PY_UNWIND",
+         "PY_THROW", "RERAISE", "C_RETURN", "C_RAISE"]
+
+
+def offset_of(code, opname, nth=0):
+    """The offset of the nth instruction called opname in code."""
+    offsets = [i.offset for i in dis.get_instructions(code)
+               if i.opname == opname]
+    return offsets[nth]
+
+
+def describe(arg):
+    if isinstance(arg, types.CodeType):
+        return arg.co_name
+    if isinstance(arg, BaseException):
+        return (type(arg).__name__,) + arg.args
+    if isinstance(arg, types.FunctionType):
+        return arg.__name__
+    if isinstance(arg, (types.BuiltinFunctionType, type)):
+        return arg.__name__
+    return arg
+
+
+class MonitoringTestBase:
+
+    def setUp(self):
+        for tool in range(6):
+            M.free_tool_id(tool)
+        M.use_tool_id(TOOL, "test")
+        self.events = []
+
+    def tearDown(self):
+        for tool in range(6):
+            M.free_tool_id(tool)
+        M.restart_events()
+
+    def recorder(self, name, tool=TOOL, result=None):
+        def callback(*args):
+            self.events.append((name,) + tuple(map(describe, args)))
+            return result
+        return callback
+
+    def record(self, names, tool=TOOL, local_code=None, result=None):
+        events = 0
+        for name in names:
+            M.register_callback(tool, getattr(E, name),
+                                self.recorder(name, tool, result))
+            events |= getattr(E, name)
+        if events & (E.C_RETURN | E.C_RAISE):
+            # They come only with CALL, as in upstream.
+            events |= E.CALL | E.C_RETURN | E.C_RAISE
+        if local_code is None:
+            M.set_events(tool, events)
+        else:
+            M.set_local_events(tool, local_code, events)
+
+    def run_recorded(self, func, names, *args):
+        self.record(names)
+        try:
+            func(*args)
+        finally:
+            M.set_events(TOOL, 0)
+        return self.events
+
+    def events_in(self, *code_names):
+        return [e for e in self.events if e[1] in code_names]
+
+
+class TestAPI(MonitoringTestBase, unittest.TestCase):
+
+    def test_module(self):
+        self.assertEqual(M.__name__, "sys.monitoring")
+        for name in ["use_tool_id", "free_tool_id", "clear_tool_id",
+                     "get_tool", "get_events", "set_events",
+                     "get_local_events", "set_local_events",
+                     "register_callback", "restart_events"]:
+            self.assertTrue(callable(getattr(M, name)), name)
+        self.assertEqual((M.DEBUGGER_ID, M.COVERAGE_ID, M.PROFILER_ID,
+                          M.OPTIMIZER_ID), (0, 1, 2, 5))
+        self.assertEqual(repr(M.DISABLE), "<sys.monitoring.DISABLE>")
+        self.assertEqual(repr(M.MISSING), "<sys.monitoring.MISSING>")
+        self.assertIsNot(M.DISABLE, M.MISSING)
+
+    def test_event_numbers(self):
+        # 3.12's numbers for 3.12's events, the newer ones after them.
+        for bit, name in enumerate(EVENT_NAMES):
+            self.assertEqual(getattr(E, name), 1 << bit, name)
+        self.assertEqual(E.NO_EVENTS, 0)
+
+    def test_event_enum(self):
+        self.assertTrue(issubclass(M.Event, __import__("enum").IntFlag))
+        self.assertIs(M.Event, M.Event)
+        for name in EVENT_NAMES:
+            self.assertEqual(M.Event[name], getattr(E, name))
+        self.assertEqual(M.Event.__module__, "sys.monitoring")
+        with self.assertRaises(AttributeError):
+            M.no_such_attribute
+
+    def test_event_enum_is_lazy(self):
+        code = ("import sys; sys.monitoring.events; "
+                "print('enum' in sys.modules); sys.monitoring.Event; "
+                "print('enum' in sys.modules)")
+        res = script_helper.assert_python_ok("-I", "-S", "-c", code)
+        self.assertEqual(res.out.split(), [b"False", b"True"])
+
+    def test_tools(self):
+        self.assertEqual(M.get_tool(TOOL), "test")
+        self.assertIsNone(M.get_tool(OTHER))
+        self.assertIsNone(M.use_tool_id(OTHER, "other"))
+        self.assertEqual(M.get_tool(OTHER), "other")
+        with self.assertRaisesRegex(ValueError, "tool 0 is already in use"):
+            M.use_tool_id(OTHER, "again")
+        self.assertIsNone(M.free_tool_id(OTHER))
+        self.assertIsNone(M.get_tool(OTHER))
+        M.free_tool_id(OTHER)   # freeing a free id is harmless
+
+    def test_bad_tool_ids(self):
+        for func, args in [(M.use_tool_id, ("x",)), (M.free_tool_id, ()),
+                           (M.get_tool, ()), (M.get_events, ()),
+                           (M.set_events, (0,)), (M.clear_tool_id, ()),
+                           (M.register_callback, (E.CALL, None))]:
+            for tool in (-1, 6, 7, 1000):
+                with self.assertRaisesRegex(
+                        ValueError,
+                        rf"invalid tool {tool} \(must be between 0 and 5\)"):
+                    func(tool, *args)
+        with self.assertRaises(TypeError):
+            M.use_tool_id("0", "x")
+        with self.assertRaisesRegex(ValueError, "tool name must be a str"):
+            M.use_tool_id(OTHER, 123)
+
+    def test_tool_not_in_use(self):
+        msg = "tool 0 is not in use"
+        with self.assertRaisesRegex(ValueError, msg):
+            M.set_events(OTHER, E.PY_START)
+        with self.assertRaisesRegex(ValueError, msg):
+            M.set_local_events(OTHER, self.setUp.__code__, E.PY_START)
+        with self.assertRaisesRegex(ValueError, msg):
+            M.register_callback(OTHER, E.PY_START, print)
+        with self.assertRaisesRegex(ValueError, msg):
+            M.clear_tool_id(OTHER)
+        # Queries answer for a free id, as upstream's do.
+        self.assertEqual(M.get_events(OTHER), 0)
+        self.assertEqual(M.get_local_events(OTHER, self.setUp.__code__), 0)
+
+    def test_bad_event_sets(self):
+        for bad in (-1, 1 << 20, 1 << 30):
+            with self.assertRaisesRegex(ValueError, "invalid event set"):
+                M.set_events(TOOL, bad)
+        with self.assertRaises(TypeError):
+            M.set_events(TOOL, "x")
+        with self.assertRaises(OverflowError):
+            M.set_events(TOOL, 1 << 70)
+        code = self.setUp.__code__
+        for name in ["RAISE", "EXCEPTION_HANDLED", "PY_UNWIND", "PY_THROW",
+                     "RERAISE"]:
+            with self.assertRaisesRegex(ValueError,
+                                        "invalid local event set"):
+                M.set_local_events(TOOL, code, getattr(E, name))
+        self.assertEqual(M.get_local_events(TOOL, code), 0)
+        for args in [("notcode", E.PY_START), (None, 0)]:
+            with self.assertRaisesRegex(TypeError, "code must be a code"):
+                M.set_local_events(TOOL, *args)
+        with self.assertRaisesRegex(TypeError, "code must be a code"):
+            M.get_local_events(TOOL, len)
+        self.assertEqual(M.get_events(TOOL), 0)
+
+    def test_c_events_come_with_call(self):
+        msg = "cannot set C_RETURN or C_RAISE events independently"
+        for bad in (E.C_RETURN, E.C_RAISE, E.CALL | E.C_RETURN,
+                    E.PY_START | E.C_RAISE):
+            with self.assertRaisesRegex(ValueError, msg):
+                M.set_events(TOOL, bad)
+        # As in upstream, CALL implies them and get_events shows CALL.
+        M.set_events(TOOL, E.CALL | E.C_RETURN | E.C_RAISE)
+        self.assertEqual(M.get_events(TOOL), E.CALL)
+        M.set_events(TOOL, 0)
+
+    def test_register_callback(self):
+        def f(*args):
+            pass
+        self.assertIsNone(M.register_callback(TOOL, E.PY_START, f))
+        self.assertIs(M.register_callback(TOOL, E.PY_START, print), f)
+        self.assertIs(M.register_callback(TOOL, E.PY_START, None), print)
+        self.assertIsNone(M.register_callback(TOOL, E.PY_START, None))
+        one_at_a_time = "The callback can only be set for one event"
+        for bad in (0, -1, E.PY_START | E.PY_RETURN):
+            with self.assertRaisesRegex(ValueError, one_at_a_time):
+                M.register_callback(TOOL, bad, f)
+        with self.assertRaisesRegex(ValueError, "invalid event 1048576"):
+            M.register_callback(TOOL, 1 << 20, f)
+        with self.assertRaisesRegex(TypeError, "must be callable"):
+            M.register_callback(TOOL, E.PY_START, 42)
+
+    def test_positional_only(self):
+        with self.assertRaises(TypeError):
+            M.use_tool_id(tool_id=OTHER, name="x")
+        with self.assertRaises(TypeError):
+            M.set_events(TOOL, event_set=0)
+        with self.assertRaises(TypeError):
+            M.restart_events(1)
+
+    def test_set_and_get_events(self):
+        M.set_events(TOOL, E.PY_START | E.RAISE)
+        self.assertEqual(M.get_events(TOOL), E.PY_START | E.RAISE)
+        M.set_events(TOOL, E.NO_EVENTS)
+        self.assertEqual(M.get_events(TOOL), 0)
+        code = self.setUp.__code__
+        M.set_local_events(TOOL, code, E.PY_RETURN | E.STOP_ITERATION)
+        self.assertEqual(M.get_local_events(TOOL, code),
+                         E.PY_RETURN | E.STOP_ITERATION)
+        M.set_local_events(TOOL, code, 0)
+        self.assertEqual(M.get_local_events(TOOL, code), 0)
+
+    def test_free_and_clear_drop_everything(self):
+        def f():
+            pass
+        for drop in (M.free_tool_id, M.clear_tool_id):
+            with self.subTest(drop=drop.__name__):
+                M.free_tool_id(TOOL)
+                M.use_tool_id(TOOL, "test")
+                self.record(["PY_START"])
+                self.record(["PY_RETURN"], local_code=f.__code__)
+                drop(TOOL)
+                self.assertEqual(M.get_events(TOOL), 0)
+                self.assertEqual(M.get_local_events(TOOL, f.__code__), 0)
+                f()
+                self.assertEqual(self.events_in("f"), [])
+                M.free_tool_id(TOOL)
+                M.use_tool_id(TOOL, "next")
+                self.assertEqual(M.get_events(TOOL), 0)
+                self.assertEqual(M.get_local_events(TOOL, f.__code__), 0)
+                self.assertIsNone(
+                    M.register_callback(TOOL, E.PY_START, None))
+                f()
+                self.assertEqual(self.events_in("f"), [])
+        self.assertEqual(M.get_tool(TOOL), "next")
+        M.clear_tool_id(TOOL)
+        self.assertEqual(M.get_tool(TOOL), "next")
+
+    def test_audit(self):
+        def f(*args):
+            pass
+        code = f"""if 1:
+            import sys
+            M = sys.monitoring
+            def hook(event, args):
+                if event.startswith("sys.monitoring"):
+                    print(event, args)
+            sys.addaudithook(hook)
+            M.use_tool_id(3, "t")
+            M.register_callback(3, M.events.PY_START, len)
+            M.set_events(3, M.events.PY_UNWIND)
+            M.set_local_events(3, hook.__code__, M.events.PY_RETURN)
+            M.clear_tool_id(3)
+            M.free_tool_id(3)
+        """
+        res = script_helper.assert_python_ok("-c", code)
+        lines = res.out.decode().splitlines()
+        self.assertRegex(lines.pop(3), r"^sys.monitoring.set_local_events "
+                                       r"\(3, <code object hook .*>, 4\)$")
+        self.assertEqual(lines, [
+            "sys.monitoring.use_tool_id (3, 't')",
+            "sys.monitoring.register_callback (<built-in function len>,)",
+            "sys.monitoring.set_events (3, 4096)",
+            "sys.monitoring.clear_tool_id (3,)",
+            "sys.monitoring.free_tool_id (3,)",
+        ])
+
+    def test_audit_hook_can_refuse(self):
+        code = """if 1:
+            import sys
+            def hook(event, args):
+                if event == "sys.monitoring.register_callback":
+                    raise PermissionError("no")
+            sys.addaudithook(hook)
+            sys.monitoring.use_tool_id(3, "t")
+            try:
+                sys.monitoring.register_callback(3, 1, print)
+            except PermissionError:
+                print("refused")
+            print(sys.monitoring.register_callback(3, 1, None))
+        """
+        # The second call is refused too, but the first never got in.
+        res = script_helper.assert_python_ok("-c", code.replace(
+            "print(sys.monitoring.register_callback(3, 1, None))",
+            "print(sys.monitoring.get_events(3))"))
+        self.assertEqual(res.out.split(), [b"refused", b"0"])
+
+
+def plain(x):
+    return x
+
+
+class Callable:
+    def __call__(self, x):
+        return x
+
+    def method(self, x):
+        return x
+
+
+class TestCallEvents(MonitoringTestBase, unittest.TestCase):
+
+    def test_function(self):
+        def caller():
+            plain(1)
+        self.run_recorded(caller, ["PY_START", "PY_RETURN", "CALL",
+                                   "C_RETURN"])
+        call = offset_of(caller.__code__, "CALL")
+        self.assertEqual(self.events_in("caller", "plain"), [
+            ("PY_START", "caller", 0),
+            ("CALL", "caller", call, "plain", 1),
+            ("PY_START", "plain", 0),
+            ("PY_RETURN", "plain", offset_of(plain.__code__, "RETURN_VALUE"),
+             1),
+            ("PY_RETURN", "caller",
+             offset_of(caller.__code__, "RETURN_VALUE"), None),
+        ])
+
+    def test_methods_builtins_classes(self):
+        obj = Callable()
+
+        def caller():
+            obj.method(2)
+            bound = obj.method
+            bound(3)
+            len([])
+            Callable()
+            obj(4)
+            [].append(5)
+        self.run_recorded(caller, ["CALL", "C_RETURN", "PY_START"])
+        calls = [e[0:1] + e[3:] for e in self.events_in("caller")
+                 if e[0] != "PY_START"]
+        self.assertNotIn("C_RAISE", [e[0] for e in self.events])
+        self.assertEqual(calls, [
+            ("CALL", "method", obj),        # the function and self
+            ("CALL", obj.method, 3),        # a bound method as called
+            ("CALL", "len", []),
+            ("C_RETURN", "len", []),
+            ("CALL", "Callable", M.MISSING),
+            ("C_RETURN", "Callable", M.MISSING),
+            ("CALL", obj, 4),
+            ("C_RETURN", obj, 4),
+            ("CALL", list.append, [5]),
+            ("C_RETURN", list.append, [5]),
+        ])
+        started = [e[1] for e in self.events_in("caller", "method",
+                                                "__call__")
+                   if e[0] == "PY_START"]
+        self.assertEqual(started, ["caller", "method", "method", "__call__"])
+
+    def test_call_offsets(self):
+        def caller():
+            len("a")
+            plain(2)
+        self.run_recorded(caller, ["CALL", "C_RETURN"])
+        self.assertEqual([e[:3] for e in self.events_in("caller")], [
+            ("CALL", "caller", offset_of(caller.__code__, "CALL", 0)),
+            ("C_RETURN", "caller", offset_of(caller.__code__, "CALL", 0)),
+            ("CALL", "caller", offset_of(caller.__code__, "CALL", 1)),
+        ])
+
+    def test_c_raise(self):
+        def caller():
+            try:
+                int("x")
+            except ValueError:
+                pass
+        self.run_recorded(caller, ["CALL", "C_RETURN", "C_RAISE", "RAISE"])
+        call = offset_of(caller.__code__, "CALL")
+        self.assertEqual(self.events_in("caller")[:3], [
+            ("CALL", "caller", call, "int", "x"),
+            ("C_RAISE", "caller", call, "int", "x"),
+            ("RAISE", "caller", call,
+             ("ValueError", "invalid literal for int() with base 10: 'x'")),
+        ])
+
+    def test_c_results_need_a_callback(self):
+        # CALL alone: the results come to whoever has a callback for them.
+        M.register_callback(TOOL, E.CALL, self.recorder("CALL"))
+        M.register_callback(TOOL, E.C_RETURN, self.recorder("C_RETURN"))
+        M.set_events(TOOL, E.CALL)
+
+        def caller():
+            len([])
+        caller()
+        M.set_events(TOOL, 0)
+        self.assertEqual([e[0] for e in self.events_in("caller")],
+                         ["CALL", "C_RETURN"])
+
+    def test_call_function_ex(self):
+        def caller(args, kwargs):
+            plain(*args)
+            max(*args, 6, **kwargs)
+            plain(**{"x": 7})
+        self.run_recorded(caller, ["CALL", "C_RETURN"], (5,), {})
+        self.assertEqual([e[0:1] + e[3:] for e in self.events_in("caller")], [
+            ("CALL", "plain", 5),
+            ("CALL", "max", 5),
+            ("C_RETURN", "max", 5),
+            ("CALL", "plain", M.MISSING),
+        ])
+
+    def test_kinds_of_code(self):
+        source = textwrap.dedent("""\
+            class K:
+                x = 1
+            f = lambda: 2
+            f()
+            [i for i in range(2)]
+            """)
+        code = compile(source, "<kinds>", "exec")
+        self.run_recorded(exec, ["PY_START", "PY_RETURN"], code, {})
+        self.assertEqual([e[:2] for e in self.events_in(
+            "<module>", "K", "<lambda>", "<listcomp>")], [
+            ("PY_START", "<module>"),
+            ("PY_START", "K"), ("PY_RETURN", "K"),
+            ("PY_START", "<lambda>"), ("PY_RETURN", "<lambda>"),
+            ("PY_START", "<listcomp>"), ("PY_RETURN", "<listcomp>"),
+            ("PY_RETURN", "<module>"),
+        ])
+
+    def test_events_start_in_running_code(self):
+        # The code of executing frames is instrumented at once.
+        def install():
+            self.record(["PY_RETURN"])
+            return "back"
+        install()
+        M.set_events(TOOL, 0)
+        self.assertEqual(self.events_in("install"),
+                         [("PY_RETURN", "install",
+                           offset_of(install.__code__, "RETURN_VALUE"),
+                           "back")])
+
+    def test_events_stop_in_running_code(self):
+        def uninstall():
+            M.set_events(TOOL, 0)
+            return 1
+        self.record(["PY_RETURN"])
+        uninstall()
+        self.assertEqual(self.events_in("uninstall"), [])
+
+
+class TestGenerators(MonitoringTestBase, unittest.TestCase):
+
+    names = ["PY_START", "PY_RESUME", "PY_YIELD", "PY_RETURN", "PY_THROW",
+             "PY_UNWIND", "STOP_ITERATION", "RAISE", "RERAISE",
+             "EXCEPTION_HANDLED"]
+
+    def test_for_loop(self):
+        def gen():
+            yield 1
+            yield 2
+            return "done"
+
+        def consumer():
+            for x in gen():
+                pass
+        self.run_recorded(consumer, self.names)
+        g = gen.__code__
+        self.assertEqual(self.events_in("gen", "consumer"), [
+            ("PY_START", "consumer", offset_of(consumer.__code__, "RESUME")),
+            ("PY_START", "gen", offset_of(g, "RESUME", 0)),
+            ("PY_YIELD", "gen", offset_of(g, "YIELD_VALUE", 0), 1),
+            ("PY_RESUME", "gen", offset_of(g, "RESUME", 1)),
+            ("PY_YIELD", "gen", offset_of(g, "YIELD_VALUE", 1), 2),
+            ("PY_RESUME", "gen", offset_of(g, "RESUME", 2)),
+            ("PY_RETURN", "gen", offset_of(g, "RETURN_VALUE"), "done"),
+            ("STOP_ITERATION", "consumer",
+             offset_of(consumer.__code__, "FOR_ITER"),
+             ("StopIteration", "done")),
+            ("PY_RETURN", "consumer",
+             offset_of(consumer.__code__, "RETURN_VALUE"), None),
+        ])
+
+    def test_stop_iteration_without_value(self):
+        def gen():
+            yield 1
+
+        def consumer():
+            for x in gen():
+                pass
+        self.run_recorded(consumer, ["STOP_ITERATION"])
+        self.assertEqual(self.events, [
+            ("STOP_ITERATION", "consumer",
+             offset_of(consumer.__code__, "FOR_ITER"), ("StopIteration",))])
+
+    def test_yield_from(self):
+        def sub():
+            yield "a"
+            return "subret"
+
+        def outer():
+            result = yield from sub()
+            yield result
+        self.run_recorded(lambda: list(outer()), self.names)
+        self.assertIn(("STOP_ITERATION", "outer",
+                       offset_of(outer.__code__, "SEND"),
+                       ("StopIteration", "subret")), self.events)
+        yields = [e for e in self.events if e[0] == "PY_YIELD"]
+        self.assertEqual([e[1] + ":" + str(e[3]) for e in yields],
+                         ["sub:a", "outer:a", "outer:subret"])
+
+    def test_throw_and_close(self):
+        def gen():
+            try:
+                yield 1
+            except ValueError:
+                yield "caught"
+
+        def driver():
+            g = gen()
+            next(g)
+            g.throw(ValueError)
+            g.close()
+        self.run_recorded(driver, self.names)
+        events = [e[:2] for e in self.events_in("gen")]
+        self.assertEqual(events, [
+            ("PY_START", "gen"), ("PY_YIELD", "gen"),
+            ("PY_THROW", "gen"), ("RAISE", "gen"),
+            ("EXCEPTION_HANDLED", "gen"), ("PY_YIELD", "gen"),
+            # close(): GeneratorExit through the except's cleanup
+            ("PY_THROW", "gen"), ("RAISE", "gen"),
+            ("EXCEPTION_HANDLED", "gen"), ("RERAISE", "gen"),
+            ("PY_UNWIND", "gen"),
+        ])
+        throw = [e for e in self.events if e[0] == "PY_THROW"][0]
+        self.assertEqual(throw[3], ("ValueError",))
+
+    def test_changes_reach_suspended_generators(self):
+        def gen():
+            yield 1
+            yield 2
+
+        g = gen()
+        next(g)
+        self.record(["PY_RESUME", "PY_YIELD"])
+        next(g)
+        M.set_events(TOOL, 0)
+        self.assertEqual([e[0] for e in self.events_in("gen")],
+                         ["PY_RESUME", "PY_YIELD"])
+
+    def test_changes_reach_generators_resumed_by_throw(self):
+        def gen():
+            try:
+                yield 1
+            except KeyError:
+                return "handled"
+
+        g = gen()
+        next(g)
+        self.record(["PY_RETURN"])
+        with self.assertRaises(StopIteration):
+            g.throw(KeyError)
+        M.set_events(TOOL, 0)
+        self.assertEqual([(e[0], e[3]) for e in self.events_in("gen")],
+                         [("PY_RETURN", "handled")])
+
+    def test_coroutines(self):
+        class Suspend:
+            def __await__(self):
+                yield "suspend"
+                return "resumed"
+
+        async def inner():
+            return 5
+
+        async def coro():
+            x = await inner()
+            y = await Suspend()
+            return x, y
+
+        def driver():
+            c = coro()
+            self.assertEqual(c.send(None), "suspend")
+            with self.assertRaises(StopIteration):
+                c.send(None)
+        self.run_recorded(driver, self.names)
+        names = [(e[0], e[1]) for e in self.events_in("coro", "inner")]
+        self.assertEqual(names, [
+            ("PY_START", "coro"), ("PY_START", "inner"),
+            ("PY_RETURN", "inner"), ("STOP_ITERATION", "coro"),
+            ("PY_YIELD", "coro"), ("PY_RESUME", "coro"),
+            ("STOP_ITERATION", "coro"), ("PY_RETURN", "coro"),
+        ])
+
+    def test_async_generators_under_asyncio(self):
+        async def agen():
+            yield 1
+            yield 2
+
+        async def main():
+            return [x async for x in agen()]
+
+        self.record(["PY_START", "PY_YIELD", "PY_RESUME", "PY_RETURN"])
+        try:
+            self.assertEqual(asyncio.run(main()), [1, 2])
+        finally:
+            M.set_events(TOOL, 0)
+            asyncio.set_event_loop_policy(None)
+        self.assertEqual([e[0] for e in self.events_in("agen")], [
+            "PY_START", "PY_YIELD", "PY_RESUME", "PY_YIELD", "PY_RESUME",
+            "PY_RETURN"])
+
+
+class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
+
+    names = ["RAISE", "RERAISE", "EXCEPTION_HANDLED", "PY_UNWIND",
+             "PY_RETURN"]
+
+    def test_caught_in_caller(self):
+        def raiser():
+            raise ValueError("v")
+
+        def caller():
+            try:
+                raiser()
+            except ValueError:
+                pass
+        self.run_recorded(caller, self.names)
+        v = ("ValueError", "v")
+        self.assertEqual(self.events_in("raiser", "caller"), [
+            ("RAISE", "raiser", offset_of(raiser.__code__, "RAISE_VARARGS"),
+             v),
+            ("PY_UNWIND", "raiser",
+             offset_of(raiser.__code__, "RAISE_VARARGS"), v),
+            # As in 3.12: where the call resumes, its last cache entry.
+            ("RAISE", "caller", offset_of(caller.__code__, "CALL")
+             + 2 * dis._inline_cache_entries[dis.opmap["CALL"]], v),
+            ("EXCEPTION_HANDLED", "caller",
+             offset_of(caller.__code__, "PUSH_EXC_INFO"), v),
+            ("PY_RETURN", "caller",
+             offset_of(caller.__code__, "RETURN_VALUE", -1), None),
+        ])
+
+    def test_bare_raise_is_reraise(self):
+        def reraiser():
+            try:
+                raise KeyError("k")
+            except KeyError:
+                raise
+
+        self.run_recorded(lambda: self.assertRaises(KeyError, reraiser),
+                          self.names)
+        self.assertEqual([e[0] for e in self.events_in("reraiser")], [
+            "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
+            "RERAISE", "PY_UNWIND"])
+
+    def test_finally(self):
+        def fin():
+            try:
+                raise KeyError
+            finally:
+                pass
+        self.run_recorded(lambda: self.assertRaises(KeyError, fin),
+                          self.names)
+        self.assertEqual([e[0] for e in self.events_in("fin")], [
+            "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
+            "RERAISE", "PY_UNWIND"])
+
+    def test_with_statement(self):
+        class Manager:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        def withf():
+            with Manager():
+                raise KeyError("k")
+        self.run_recorded(lambda: self.assertRaises(KeyError, withf),
+                          self.names)
+        self.assertEqual([e[0] for e in self.events_in("withf")], [
+            "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
+            "RERAISE", "PY_UNWIND"])
+
+    def test_exceptions_cross_c_frames(self):
+        def key(x):
+            raise KeyError(x)
+
+        def caller():
+            try:
+                sorted([2, 1], key=key)
+            except KeyError:
+                pass
+        self.run_recorded(caller, self.names + ["C_RAISE", "CALL"])
+        self.assertEqual([e[:2] for e in self.events_in("key", "caller")
+                          if e[0] != "CALL"], [
+            ("RAISE", "key"), ("PY_UNWIND", "key"),
+            ("C_RAISE", "caller"), ("RAISE", "caller"),
+            ("EXCEPTION_HANDLED", "caller"), ("PY_RETURN", "caller"),
+        ])
+
+
+class TestLocalEvents(MonitoringTestBase, unittest.TestCase):
+
+    def test_local_only(self):
+        def watched():
+            return 1
+
+        def unwatched():
+            return 2
+        self.record(["PY_START", "PY_RETURN"], local_code=watched.__code__)
+        watched()
+        unwatched()
+        self.assertEqual([e[:2] for e in self.events], [
+            ("PY_START", "watched"), ("PY_RETURN", "watched")])
+
+    def test_local_adds_to_global(self):
+        def f():
+            return 1
+        self.record(["PY_START"])
+        self.record(["PY_START", "PY_RETURN"], local_code=f.__code__)
+        f()
+        M.set_events(TOOL, 0)
+        # Local and global PY_START: told once.
+        self.assertEqual([e[:2] for e in self.events_in("f")], [
+            ("PY_START", "f"), ("PY_RETURN", "f")])
+        self.events.clear()
+        f()
+        self.assertEqual([e[:2] for e in self.events_in("f")], [
+            ("PY_START", "f"), ("PY_RETURN", "f")])
+        M.set_local_events(TOOL, f.__code__, 0)
+        self.events.clear()
+        f()
+        self.assertEqual(self.events, [])
+
+    def test_local_calls_and_stop_iteration(self):
+        def gen():
+            yield 1
+
+        def f():
+            for x in gen():
+                len("x")
+        self.record(["CALL", "C_RETURN", "STOP_ITERATION"],
+                    local_code=f.__code__)
+        f()
+        self.assertEqual([e[0] for e in self.events],
+                         ["CALL", "CALL", "C_RETURN", "STOP_ITERATION"])
+
+
+class TestDisable(MonitoringTestBase, unittest.TestCase):
+
+    def test_disable_one_location(self):
+        def f():
+            return 1
+
+        def g():
+            return 2
+        self.record(["PY_START"], result=M.DISABLE)
+        for i in range(3):
+            f()
+            g()
+        self.assertEqual([e[1] for e in self.events_in("f", "g")],
+                         ["f", "g"])
+        # Other tools are not affected.
+        M.use_tool_id(OTHER, "other")
+        M.register_callback(OTHER, E.PY_START, self.recorder("OTHER"))
+        M.set_events(OTHER, E.PY_START)
+        f()
+        M.set_events(OTHER, 0)
+        self.assertEqual(self.events_in("f")[-1][0], "OTHER")
+
+    def test_disable_lasts_until_restart(self):
+        def f():
+            return 1
+        self.record(["PY_START"], result=M.DISABLE)
+        f()
+        f()
+        # Turning the event off and on again does not re-enable it ...
+        M.set_events(TOOL, 0)
+        M.set_events(TOOL, E.PY_START)
+        f()
+        self.assertEqual(len(self.events_in("f")), 1)
+        # ... restart_events does.
+        M.restart_events()
+        f()
+        self.assertEqual(len(self.events_in("f")), 2)
+
+    def test_disable_call_disables_results(self):
+        def caller():
+            len([])
+        self.record(["CALL", "C_RETURN"], result=M.DISABLE)
+        caller()
+        caller()
+        self.assertEqual([e[0] for e in self.events_in("caller")], ["CALL"])
+
+    def test_disable_return_and_yield(self):
+        def gen():
+            yield 1
+            yield 2
+        self.record(["PY_YIELD", "PY_RETURN"], result=M.DISABLE)
+        list(gen())
+        list(gen())
+        self.assertEqual([e[0] for e in self.events_in("gen")],
+                         ["PY_YIELD", "PY_YIELD", "PY_RETURN"])
+
+    def test_disable_stop_iteration(self):
+        def gen():
+            yield 1
+
+        def f():
+            for x in gen():
+                pass
+        self.record(["STOP_ITERATION"], result=M.DISABLE)
+        f()
+        f()
+        self.assertEqual(len(self.events_in("f")), 1)
+
+    def test_cannot_disable_global_only_events(self):
+        def f():
+            try:
+                len("")
+                raise KeyError
+            except KeyError:
+                raise
+
+        def disable_in_f(code, *args):
+            return M.DISABLE if code is f.__code__ else None
+
+        for name in ["RAISE", "EXCEPTION_HANDLED", "PY_UNWIND", "RERAISE",
+                     "C_RETURN"]:
+            with self.subTest(name=name):
+                M.register_callback(TOOL, getattr(E, name), disable_in_f)
+                M.set_events(TOOL, getattr(E, name) | E.CALL | E.C_RAISE
+                             | E.C_RETURN)
+                msg = f"Cannot disable {name} events. Callback removed."
+                with self.assertRaisesRegex(ValueError, msg):
+                    f()
+                M.set_events(TOOL, 0)
+                # The callback is gone.
+                self.assertIsNone(
+                    M.register_callback(TOOL, getattr(E, name), None))
+
+
+class TestTools(MonitoringTestBase, unittest.TestCase):
+
+    def test_ascending_order(self):
+        def f():
+            pass
+        for tool in (5, 3, 0):
+            if tool != TOOL:
+                M.use_tool_id(tool, str(tool))
+        for tool in (TOOL, 5, 3, 0):
+            M.register_callback(tool, E.PY_START, self.recorder(tool))
+            M.set_events(tool, E.PY_START)
+        f()
+        for tool in (TOOL, 5, 3, 0):
+            M.set_events(tool, 0)
+        self.assertEqual([e[0] for e in self.events_in("f")], [0, 2, 3, 5])
+
+    def test_per_tool_suppression(self):
+        def helper():
+            pass
+
+        def f():
+            pass
+        M.use_tool_id(OTHER, "other")
+
+        def first(code, offset):
+            self.events.append(("OTHER", code.co_name))
+            if code.co_name == "f":
+                helper()
+        M.register_callback(OTHER, E.PY_START, first)
+        M.set_events(OTHER, E.PY_START)
+        self.record(["PY_START"])
+        f()
+        M.set_events(OTHER, 0)
+        M.set_events(TOOL, 0)
+        self.assertEqual([e[:2] for e in self.events
+                          if e[1] in ("f", "helper")], [
+            ("OTHER", "f"),
+            ("PY_START", "helper"),   # the other tool sees helper ...
+            ("PY_START", "f"),
+        ])                            # ... OTHER does not
+
+    def test_callback_raising(self):
+        def f():
+            return len("x")
+
+        def fail(*args):
+            raise ZeroDivisionError("in callback")
+
+        for name in ["PY_START", "PY_RETURN", "CALL"]:
+            with self.subTest(name=name):
+                M.register_callback(TOOL, getattr(E, name), fail)
+                M.set_local_events(TOOL, f.__code__, getattr(E, name))
+                try:
+                    with self.assertRaisesRegex(ZeroDivisionError,
+                                                "in callback"):
+                        f()
+                finally:
+                    M.set_local_events(TOOL, f.__code__, 0)
+                    M.register_callback(TOOL, getattr(E, name), None)
+
+    def test_raise_callback_exception_replaces(self):
+        def f():
+            try:
+                raise KeyError
+            except KeyError:
+                return "handled"
+
+        def fail(code, offset, exc):
+            if isinstance(exc, KeyError):
+                raise ZeroDivisionError
+        M.register_callback(TOOL, E.RAISE, fail)
+        M.set_events(TOOL, E.RAISE)
+        try:
+            with self.assertRaises(ZeroDivisionError):
+                f()
+        finally:
+            M.set_events(TOOL, 0)
+
+    def test_handled_callback_exception_is_handled_in_its_place(self):
+        calls = []
+
+        def f():
+            try:
+                raise KeyError
+            except KeyError:
+                return "key"
+            except ZeroDivisionError:
+                return "zero"
+
+        def fail(code, offset, exc):
+            calls.append(type(exc))
+            raise ZeroDivisionError
+        M.register_callback(TOOL, E.EXCEPTION_HANDLED, fail)
+        M.set_events(TOOL, E.EXCEPTION_HANDLED)
+        try:
+            # Upstream loops forever here; the handler gets the new one.
+            self.assertEqual(f(), "zero")
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(calls, [KeyError])
+
+    def test_changes_from_callbacks(self):
+        def f():
+            return 1
+
+        def reregister(code, offset):
+            self.events.append(("START", code.co_name))
+            M.register_callback(TOOL, E.PY_START, None)
+            M.set_events(TOOL, E.PY_RETURN)
+            M.restart_events()
+
+        def free(code, offset, retval):
+            self.events.append(("RETURN", code.co_name))
+            M.free_tool_id(TOOL)
+        M.register_callback(TOOL, E.PY_START, reregister)
+        M.register_callback(TOOL, E.PY_RETURN, free)
+        M.set_events(TOOL, E.PY_START)
+        self.assertEqual(f(), 1)
+        self.assertEqual(f(), 1)
+        self.assertEqual(self.events, [("START", "f"), ("RETURN", "f")])
+        self.assertIsNone(M.get_tool(TOOL))
+        M.use_tool_id(TOOL, "test")
+
+    def test_two_tools_free_each_other(self):
+        def f():
+            return 1
+        M.use_tool_id(OTHER, "other")
+        M.register_callback(OTHER, E.PY_START,
+                            lambda *args: M.free_tool_id(TOOL))
+        M.set_local_events(OTHER, f.__code__, E.PY_START)
+        self.record(["PY_START"], local_code=f.__code__)
+        f()
+        M.set_local_events(OTHER, f.__code__, 0)
+        self.assertEqual(self.events, [])
+
+    def test_threads(self):
+        def work(n):
+            for i in range(n):
+                plain(i)
+        counts = {}
+        lock = threading.Lock()
+
+        def count(code, offset):
+            with lock:
+                key = threading.current_thread().name
+                counts[key] = counts.get(key, 0) + (code is plain.__code__)
+        M.register_callback(TOOL, E.PY_START, count)
+        M.set_local_events(TOOL, plain.__code__, E.PY_START)
+        threads = [threading.Thread(target=work, args=(1000,))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        M.set_local_events(TOOL, plain.__code__, 0)
+        self.assertEqual(sorted(counts.values()), [1000] * 4)
+
+    def test_settrace_and_setprofile_alongside(self):
+        def f():
+            return len("ab")
+        traced = []
+
+        def tracer(frame, event, arg):
+            if frame.f_code is f.__code__:
+                traced.append(("trace", event))
+            return tracer
+
+        def profiler(frame, event, arg):
+            if frame.f_code is f.__code__:
+                traced.append(("profile", event))
+        self.record(["PY_START", "PY_RETURN", "CALL", "C_RETURN"])
+        sys.settrace(tracer)
+        sys.setprofile(profiler)
+        try:
+            f()
+        finally:
+            sys.setprofile(None)
+            sys.settrace(None)
+            M.set_events(TOOL, 0)
+        self.assertEqual([e[0] for e in self.events_in("f")],
+                         ["PY_START", "CALL", "C_RETURN", "PY_RETURN"])
+        # Exactly what stock 3.11.2 reports.
+        self.assertEqual(traced, [
+            ("trace", "call"), ("profile", "call"), ("trace", "line"),
+            ("profile", "c_call"), ("profile", "c_return"),
+            ("trace", "return"), ("profile", "return")])
+
+
+class TestInvisible(MonitoringTestBase, unittest.TestCase):
+
+    def test_code_unchanged(self):
+        def f(x):
+            for i in range(x):
+                len([i])
+            return x
+        for i in range(10):
+            f(3)     # quickened
+        copy = f.__code__.replace()
+        before = (f.__code__.co_code, marshal.loads(marshal.dumps(f.__code__)),
+                  hash(f.__code__), dis.Bytecode(f).dis())
+        self.record(["PY_START", "PY_RETURN", "CALL", "C_RETURN",
+                     "STOP_ITERATION"])
+        f(3)
+        after = (f.__code__.co_code, marshal.loads(marshal.dumps(f.__code__)),
+                 hash(f.__code__), dis.Bytecode(f).dis())
+        M.set_events(TOOL, 0)
+        self.assertTrue(self.events)
+        self.assertEqual(before, after)
+        self.assertEqual(f.__code__, copy)
+        self.assertNotIn("INSTRUMENTED",
+                         dis.Bytecode(f, adaptive=False).dis())
+
+
+if __name__ == "__main__":
+    unittest.main()
