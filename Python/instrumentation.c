@@ -18,6 +18,12 @@
 #define ALL_EVENTS ((1 << _PY_MONITORING_EVENTS) - 1)
 #define C_CALL_EVENTS \
     (1 << EVENT(CALL) | 1 << EVENT(C_RETURN) | 1 << EVENT(C_RAISE))
+/* The events of single instructions, lines and branches, not delivered
+   yet: setting them is refused rather than silently ignored. */
+#define UNDELIVERED_EVENTS \
+    (1 << EVENT(LINE) | 1 << EVENT(INSTRUCTION) | 1 << EVENT(JUMP) \
+     | 1 << EVENT(BRANCH) | 1 << EVENT(BRANCH_LEFT) \
+     | 1 << EVENT(BRANCH_RIGHT) | 1 << EVENT(MARKER))
 
 static const char *const event_names[_PY_MONITORING_EVENTS] = {
     [EVENT(PY_START)] = "PY_START",
@@ -290,11 +296,14 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
     return 0;
 }
 
+int _PyMonitoring_EverUsed = 0;
+
 /* After a change: the code of every executing frame is brought up to date
    now, the rest of the code when it next runs. */
 static int
 instrument_executing_code(PyInterpreterState *interp)
 {
+    _PyMonitoring_EverUsed = 1;
     interp->monitoring.version++;
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp);
          ts != NULL; ts = PyThreadState_Next(ts))
@@ -344,7 +353,9 @@ site_tools(PyCodeObject *code, int site, int event)
 
 /* Calls the `event` callbacks of `tools`, lowest tool id first, with the
    code, the offset of `site` and the event's own arguments.  A tool's
-   callback and what it calls raise no events for that tool. */
+   callback and what it calls raise no events for that tool, and none for
+   sys.settrace() and sys.setprofile() functions, which in 3.11 never see
+   the code of a hook. */
 static int
 deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
         uint8_t tools, PyObject *arg1, PyObject *arg2)
@@ -375,8 +386,10 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
         Py_INCREF(callback);
         uint8_t outer = tstate->monitoring_tools_in_callback;
         tstate->monitoring_tools_in_callback = outer | (1 << tool);
+        PyThreadState_EnterTracing(tstate);
         PyObject *res = PyObject_Vectorcall(
             callback, args + 1, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyThreadState_LeaveTracing(tstate);
         tstate->monitoring_tools_in_callback = outer;
         Py_DECREF(callback);
         if (res == NULL) {
@@ -642,6 +655,13 @@ check_event_set(int event_set)
             return -1;
         }
         event_set &= ~results;
+    }
+    if (event_set & UNDELIVERED_EVENTS) {
+        PyErr_SetString(PyExc_NotImplementedError,
+                        "LINE, INSTRUCTION, JUMP, BRANCH, BRANCH_LEFT, "
+                        "BRANCH_RIGHT and MARKER events are not delivered "
+                        "yet");
+        return -1;
     }
     return event_set;
 }

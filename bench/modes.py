@@ -93,11 +93,26 @@ if hasattr(sys, "monitoring"):
     _E = _mon.events
     MODES["mon-calls"] = _monitor((_E.PY_START, _E.PY_RETURN), _noop) + (
         "sys.monitoring PY_START+PY_RETURN, Python no-op",)
-    MODES["mon-line"] = _monitor((_E.LINE,), _noop) + (
-        "sys.monitoring LINE, Python no-op",)
 
-    # DISABLE lasts until restart_events(), which is never called: the
-    # runner's warm-up pass disables every line, the timed rounds measure
-    # what is left.  (Each mode runs in a process of its own.)
-    MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
-        "sys.monitoring LINE returning DISABLE (after the first pass)",)
+    def _delivers(event):
+        """Whether this interpreter takes `event` (Sightglass refuses the
+        events it does not deliver yet)."""
+        _mon.use_tool_id(_TOOL, "probe")
+        try:
+            _mon.set_events(_TOOL, event)
+            return True
+        except NotImplementedError:
+            return False
+        finally:
+            _mon.set_events(_TOOL, 0)    # 3.12's free_tool_id keeps events
+            _mon.free_tool_id(_TOOL)
+
+    if _delivers(_E.LINE):
+        MODES["mon-line"] = _monitor((_E.LINE,), _noop) + (
+            "sys.monitoring LINE, Python no-op",)
+
+        # DISABLE lasts until restart_events(), which is never called: the
+        # runner's warm-up pass disables every line, the timed rounds
+        # measure what is left.  (Each mode runs in a process of its own.)
+        MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
+            "sys.monitoring LINE returning DISABLE (after the first pass)",)

@@ -91,6 +91,10 @@ typedef struct _PyCoMonitoringData {
     uint8_t site_disabled[1];
 } _PyCoMonitoringData;
 
+/* Set when an interpreter first changes its monitoring state: until then
+   no code can be behind it, and the eval loop tests this flag alone. */
+extern int _PyMonitoring_EverUsed;
+
 /* sys.monitoring.MISSING: the arg0 of a call without arguments. */
 typedef struct {
     PyObject_HEAD
@@ -103,6 +107,11 @@ extern _PyMonitoringSentinel _PyMonitoring_Missing;
 extern PyObject *_PyMonitoring_InitModule(void);
 extern void _PyMonitoring_Clear(PyInterpreterState *interp);
 extern void _PyMonitoring_FreeCodeData(PyCodeObject *code);
+
+#define _PyMonitoring_CodeIsBehind(tstate, code) \
+    (_PyMonitoring_EverUsed \
+     && (code)->_co_monitoring_version \
+        != (tstate)->interp->monitoring.version)
 
 /* Bring code up to date with the interpreter's monitoring state. */
 extern int _PyMonitoring_Instrument(PyCodeObject *code,
@@ -159,14 +168,16 @@ extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
 
 /* Whether a tool has `event` set for all code. */
 #define _PyMonitoring_IsActive(tstate, event) \
-    ((tstate)->interp->monitoring.global[(event)] != 0)
+    (_PyMonitoring_EverUsed \
+     && (tstate)->interp->monitoring.global[(event)] != 0)
 
 /* Whether STOP_ITERATION may be wanted anywhere: globally, or locally by
    some code (then the code's sites tell). */
 #define _PyMonitoring_StopIterationWanted(interp) \
-    ((interp)->monitoring.global[_PY_MONITORING_EVENT_STOP_ITERATION] \
-     || ((interp)->monitoring.local_union \
-         >> _PY_MONITORING_EVENT_STOP_ITERATION) & 1)
+    (_PyMonitoring_EverUsed \
+     && ((interp)->monitoring.global[_PY_MONITORING_EVENT_STOP_ITERATION] \
+         || ((interp)->monitoring.local_union \
+             >> _PY_MONITORING_EVENT_STOP_ITERATION) & 1))
 #define _PyMonitoring_IteratorEndWanted(tstate) \
     (_PyMonitoring_StopIterationWanted((tstate)->interp) \
      || _PyMonitoring_IsActive((tstate), _PY_MONITORING_EVENT_RAISE))

@@ -191,6 +191,18 @@ class TestAPI(MonitoringTestBase, unittest.TestCase):
             M.get_local_events(TOOL, len)
         self.assertEqual(M.get_events(TOOL), 0)
 
+    def test_undelivered_events_are_refused(self):
+        # Until they are delivered (issue #4), rather than ignored.
+        for name in ["LINE", "INSTRUCTION", "JUMP", "BRANCH", "BRANCH_LEFT",
+                     "BRANCH_RIGHT", "MARKER"]:
+            with self.assertRaises(NotImplementedError):
+                M.set_events(TOOL, getattr(E, name))
+            with self.assertRaises(NotImplementedError):
+                M.set_local_events(TOOL, self.setUp.__code__,
+                                   getattr(E, name))
+        self.assertEqual(M.get_events(TOOL), 0)
+        self.assertEqual(M.get_local_events(TOOL, self.setUp.__code__), 0)
+
     def test_c_events_come_with_call(self):
         msg = "cannot set C_RETURN or C_RAISE events independently"
         for bad in (E.C_RETURN, E.C_RAISE, E.CALL | E.C_RETURN,
@@ -1031,6 +1043,8 @@ class TestTools(MonitoringTestBase, unittest.TestCase):
         def profiler(frame, event, arg):
             if frame.f_code is f.__code__:
                 traced.append(("profile", event))
+            elif frame.f_code.co_name == "callback":
+                traced.append(("profile saw a callback", event))
         self.record(["PY_START", "PY_RETURN", "CALL", "C_RETURN"])
         sys.settrace(tracer)
         sys.setprofile(profiler)

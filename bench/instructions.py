@@ -1,0 +1,58 @@
+"""Instructions executed per workload, build B against build A.
+
+Timing two builds across processes varies by about 3% on these machines,
+too coarse for a bar of 1.01.  Callgrind counts instructions exactly, so
+this runs each workload a fixed number of times under it, in each build,
+and prints B / A.  Start-up is subtracted: a run with no workload is
+counted too.
+
+    python3 bench/instructions.py build/stock/python ./python
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import workloads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Calls of each workload: enough that start-up is a small part.
+REPEAT = {"fib": 20, "methods": 20, "loop": 20, "builtins": 20, "gens": 20,
+          "exc": 20, "alloc": 20}
+
+
+def instructions(python, name, repeat):
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import workloads; "
+            f"f = workloads.ALL[{name!r}]\nfor _ in range({repeat}): f()")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        res = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             python, "-I", "-S", "-c", code],
+            capture_output=True, text=True, check=True)
+    match = re.search(r"Collected : (\d+)", res.stderr)
+    return int(match.group(1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--workload", action="append",
+                   choices=sorted(workloads.ALL), help="default: all")
+    ns = p.parse_args()
+    print(f"instructions, B / A; A = {ns.a}, B = {ns.b}")
+    base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
+    for name in ns.workload or list(workloads.ALL):
+        counts = {py: instructions(py, name, REPEAT[name]) - base[py]
+                  for py in (ns.a, ns.b)}
+        print(f"{name:10s} {counts[ns.b] / counts[ns.a]:8.4f}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
