@@ -456,26 +456,32 @@ _PyMonitoring_FireCall(PyThreadState *tstate, _PyInterpreterFrame *frame,
                    callable, arg0);
 }
 
-/* Runs `fire` with the exception being propagated fetched; a callback's
-   exception replaces it. */
-#define WITH_EXCEPTION_FETCHED(tstate, exc, fire) \
-    do { \
-        PyObject *type_, *exc, *tb_; \
-        _PyErr_Fetch((tstate), &type_, &exc, &tb_); \
-        _PyErr_NormalizeException((tstate), &type_, &exc, &tb_); \
-        if (tb_ != NULL) { \
-            PyException_SetTraceback(exc, tb_); \
-        } \
-        if ((fire) == 0) { \
-            _PyErr_Restore((tstate), type_, exc, tb_); \
-        } \
-        else { \
-            Py_XDECREF(type_); \
-            Py_XDECREF(exc); \
-            Py_XDECREF(tb_); \
-            err = -1; \
-        } \
-    } while (0)
+/* Delivers `event` while an exception propagates: the exception is
+   fetched meanwhile, and is the event's argument where `arg1` is NULL.  A
+   callback's exception replaces it. */
+static int
+deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
+                         int event, uint8_t tools, PyObject *arg1,
+                         PyObject *arg2)
+{
+    PyObject *type, *exc, *tb;
+    _PyErr_Fetch(tstate, &type, &exc, &tb);
+    _PyErr_NormalizeException(tstate, &type, &exc, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(exc, tb);
+    }
+    int err = deliver(tstate, code, site, event, tools,
+                      arg1 != NULL ? arg1 : exc, arg2);
+    if (err == 0) {
+        _PyErr_Restore(tstate, type, exc, tb);
+    }
+    else {
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+    }
+    return err;
+}
 
 PyObject *
 _PyMonitoring_FireCallResult(PyThreadState *tstate, _PyInterpreterFrame *frame,
@@ -491,16 +497,14 @@ _PyMonitoring_FireCallResult(PyThreadState *tstate, _PyInterpreterFrame *frame,
     if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
         return res;
     }
-    int err = 0;
     if (res != NULL) {
         if (deliver(tstate, code, site, event, tools, callable, arg0) < 0) {
             Py_CLEAR(res);
         }
         return res;
     }
-    WITH_EXCEPTION_FETCHED(tstate, exc,
-        deliver(tstate, code, site, event, tools, callable, arg0));
-    (void)err;
+    (void)deliver_during_exception(tstate, code, site, event, tools,
+                                   callable, arg0);
     return NULL;
 }
 
@@ -513,11 +517,9 @@ _PyMonitoring_FireException(PyThreadState *tstate, int event,
     if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
         return 0;
     }
-    int err = 0;
-    int site = instr_index(frame, instr);
-    WITH_EXCEPTION_FETCHED(tstate, exc,
-        deliver(tstate, frame->f_code, site, event, tools, exc, NULL));
-    return err;
+    return deliver_during_exception(tstate, frame->f_code,
+                                    instr_index(frame, instr), event, tools,
+                                    NULL, NULL);
 }
 
 void
@@ -589,13 +591,11 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
         return 0;
     }
-    int err = 0;
     if (value == NULL) {
         /* The generator's StopIteration is set. */
-        WITH_EXCEPTION_FETCHED(tstate, exc,
-            deliver(tstate, code, site, EVENT(STOP_ITERATION), tools,
-                    exc, NULL));
-        return err;
+        return deliver_during_exception(tstate, code, site,
+                                        EVENT(STOP_ITERATION), tools, NULL,
+                                        NULL);
     }
     PyObject *exc = Py_IsNone(value)
                     ? PyObject_CallNoArgs(PyExc_StopIteration)
@@ -603,8 +603,8 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     if (exc == NULL) {
         return -1;
     }
-    err = deliver(tstate, code, site, EVENT(STOP_ITERATION), tools, exc,
-                  NULL);
+    int err = deliver(tstate, code, site, EVENT(STOP_ITERATION), tools, exc,
+                      NULL);
     Py_DECREF(exc);
     return err;
 }
