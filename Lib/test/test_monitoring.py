@@ -1059,6 +1059,110 @@ class TestTools(MonitoringTestBase, unittest.TestCase):
             ("trace", "return"), ("profile", "return")])
 
 
+class TestBalance(MonitoringTestBase, unittest.TestCase):
+    """What a profiler relies on: every start has its end."""
+
+    def test_starts_and_ends_pair(self):
+        stack = []
+        errors = []
+
+        def push(kind):
+            def callback(code, offset, *args):
+                stack.append((kind, code))
+            return callback
+
+        def pop(kind):
+            def callback(code, offset, *args):
+                if not stack:
+                    errors.append(("empty", kind, code))
+                    return
+                started, started_code = stack.pop()
+                if started != kind or (kind == "py"
+                                       and started_code is not code):
+                    errors.append((started, kind, code))
+            return callback
+
+        def c_call(code, offset, callable, arg0):
+            if not isinstance(callable, types.FunctionType):
+                stack.append(("c", code))
+
+        for name in ("PY_START", "PY_RESUME", "PY_THROW"):
+            M.register_callback(TOOL, getattr(E, name), push("py"))
+        for name in ("PY_RETURN", "PY_YIELD", "PY_UNWIND"):
+            M.register_callback(TOOL, getattr(E, name), pop("py"))
+        for name in ("C_RETURN", "C_RAISE"):
+            M.register_callback(TOOL, getattr(E, name), pop("c"))
+        M.register_callback(TOOL, E.CALL, c_call)
+
+        def gen():
+            try:
+                yield 1
+                yield 2
+            finally:
+                pass
+
+        async def coro():
+            return sorted([3, 1, 2], key=lambda x: -x)
+
+        def program():
+            list(gen())
+            g = gen()
+            next(g)
+            g.close()
+            try:
+                coro().send(None)
+            except StopIteration:
+                pass
+            try:
+                sorted([1, 2], key=lambda x: 1 / 0)
+            except ZeroDivisionError:
+                pass
+            [len(str(i)) for i in range(3)]
+            return max(*[1, 2], key=lambda x: x)
+
+        M.set_events(TOOL, E.PY_START | E.PY_RESUME | E.PY_THROW
+                     | E.PY_RETURN | E.PY_YIELD | E.PY_UNWIND | E.CALL
+                     | E.C_RETURN | E.C_RAISE)
+        program()
+        M.set_events(TOOL, 0)
+        # What is left: this test's own frame and the call of set_events.
+        self.assertEqual(errors, [])
+        self.assertEqual([kind for kind, code in stack], ["c"])
+
+
+class TestInterpreters(MonitoringTestBase, unittest.TestCase):
+
+    def test_frozen_code(self):
+        import posixpath   # deep-frozen: its code objects are static
+        self.assertIn("frozen", repr(posixpath.__spec__.origin))
+        self.record(["PY_START"])
+        posixpath.join("a", "b")
+        M.set_events(TOOL, 0)
+        self.assertIn(("PY_START", "join", 0), self.events)
+
+    def test_subinterpreter_has_its_own_state(self):
+        import _testcapi
+        code = textwrap.dedent("""\
+            import sys
+            M = sys.monitoring
+            assert M.get_tool(%d) is None
+            M.use_tool_id(%d, "sub")
+            seen = []
+            M.register_callback(%d, M.events.PY_START,
+                                lambda *args: seen.append(args[0].co_name))
+            M.set_events(%d, M.events.PY_START)
+            def f():
+                pass
+            f()
+            assert seen == ["f"], seen
+            """) % ((TOOL,) * 4)
+        self.record(["PY_START"])
+        self.assertEqual(_testcapi.run_in_subinterp(code), 0)
+        M.set_events(TOOL, 0)
+        self.assertEqual(M.get_tool(TOOL), "test")
+        self.assertNotIn("f", [e[1] for e in self.events])
+
+
 class TestInvisible(MonitoringTestBase, unittest.TestCase):
 
     def test_code_unchanged(self):
