@@ -1026,6 +1026,63 @@ class TestTools(MonitoringTestBase, unittest.TestCase):
         M.set_local_events(TOOL, plain.__code__, 0)
         self.assertEqual(sorted(counts.values()), [1000] * 4)
 
+    def test_changes_while_other_threads_run(self):
+        stop = threading.Event()
+        errors = []
+
+        def gen():
+            yield 1
+
+        def work():
+            try:
+                while not stop.is_set():
+                    plain(1)
+                    list(gen())
+                    len("x")
+                    try:
+                        raise KeyError
+                    except KeyError:
+                        pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        def maybe_disable(code, offset, *args):
+            return M.DISABLE if offset % 4 == 0 else None
+
+        calls = []
+        names = ["PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "CALL",
+                 "STOP_ITERATION"]
+
+        def register():
+            for name in names:
+                M.register_callback(TOOL, getattr(E, name), maybe_disable)
+            M.register_callback(TOOL, E.RAISE, lambda *args: calls.append(1))
+        register()
+        threads = [threading.Thread(target=work) for i in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(200):
+                events = 0
+                for bit, name in enumerate(names + ["RAISE"]):
+                    if (i >> bit) & 1:
+                        events |= getattr(E, name)
+                M.set_events(TOOL, events)
+                M.set_local_events(TOOL, plain.__code__,
+                                   E.PY_START if i % 3 else 0)
+                if i % 7 == 0:
+                    M.restart_events()
+                if i % 50 == 49:
+                    M.clear_tool_id(TOOL)
+                    register()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+            M.set_events(TOOL, 0)
+        self.assertEqual(errors, [])
+        self.assertTrue(calls)
+
     def test_settrace_and_setprofile_alongside(self):
         def f():
             return len("ab")
