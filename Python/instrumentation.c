@@ -464,20 +464,32 @@ deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
                          int event, uint8_t tools, PyObject *arg1,
                          PyObject *arg2)
 {
-    PyObject *type, *exc, *tb;
-    _PyErr_Fetch(tstate, &type, &exc, &tb);
-    _PyErr_NormalizeException(tstate, &type, &exc, &tb);
-    if (tb != NULL) {
-        PyException_SetTraceback(exc, tb);
+    PyObject *type, *value, *tb;
+    _PyErr_Fetch(tstate, &type, &value, &tb);
+    /* Callbacks get an exception object, which a C function may not have
+       made yet.  Where making it fails, the interpreter will fail the same
+       way later; until then the exception stays as it was, so that its
+       traceback comes out as without monitoring. */
+    PyObject *ntype = Py_XNewRef(type), *exc = Py_XNewRef(value);
+    PyObject *ntb = Py_XNewRef(tb);
+    _PyErr_NormalizeException(tstate, &ntype, &exc, &ntb);
+    if (ntype == type) {
+        if (ntb != NULL) {
+            PyException_SetTraceback(exc, ntb);
+        }
+        Py_XSETREF(value, Py_NewRef(exc));
     }
-    int err = deliver(tstate, code, site, event, tools,
-                      arg1 != NULL ? arg1 : exc, arg2);
+    Py_XDECREF(ntype);
+    Py_XDECREF(ntb);
+    int err = exc == NULL ? 0 : deliver(tstate, code, site, event, tools,
+                                        arg1 != NULL ? arg1 : exc, arg2);
+    Py_XDECREF(exc);
     if (err == 0) {
-        _PyErr_Restore(tstate, type, exc, tb);
+        _PyErr_Restore(tstate, type, value, tb);
     }
     else {
         Py_XDECREF(type);
-        Py_XDECREF(exc);
+        Py_XDECREF(value);
         Py_XDECREF(tb);
     }
     return err;

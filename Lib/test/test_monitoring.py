@@ -6,6 +6,7 @@ import marshal
 import sys
 import textwrap
 import threading
+import time
 import types
 import unittest
 from test.support import script_helper
@@ -710,6 +711,30 @@ class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
             "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
             "RERAISE", "PY_UNWIND"])
 
+    def test_traceback_as_without_monitoring(self):
+        # An exception that C raises as a class and a value, and whose
+        # class cannot be instantiated: monitoring must not change what
+        # the handler sees.
+        import _testcapi
+
+        class BadException(Exception):
+            def __init__(self_):
+                raise RuntimeError("can't instantiate BadException")
+
+        def caller():
+            try:
+                _testcapi.raise_exception(BadException, 0)
+            except RuntimeError:
+                tb = sys.exc_info()[2]
+                return tb.tb_frame.f_code.co_name, \
+                    tb.tb_frame.f_back.f_code.co_name
+        expected = caller()
+        self.assertEqual(expected, ("__init__", "caller"))
+        self.record(["CALL", "C_RAISE", "RAISE", "EXCEPTION_HANDLED"])
+        self.assertEqual(caller(), expected)
+        M.set_events(TOOL, 0)
+        self.assertIn("C_RAISE", [e[0] for e in self.events_in("caller")])
+
     def test_exceptions_cross_c_frames(self):
         def key(x):
             raise KeyError(x)
@@ -1075,6 +1100,7 @@ class TestTools(MonitoringTestBase, unittest.TestCase):
                 if i % 50 == 49:
                     M.clear_tool_id(TOOL)
                     register()
+                time.sleep(0.0005)    # let the workers run in between
         finally:
             stop.set()
             for t in threads:
