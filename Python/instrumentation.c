@@ -4,7 +4,7 @@
    The design is described in Include/internal/pycore_monitoring.h. */
 
 #include "Python.h"
-#include "pycore_code.h"          // _PyCode_Quicken(), adaptive_counter_start()
+#include "pycore_code.h"          // _PyCode_Quicken()
 #include "pycore_frame.h"         // _PyInterpreterFrame
 #include "pycore_memtrack.h"      // _PyMem_OwnedCalloc()
 #include "pycore_monitoring.h"
@@ -102,12 +102,6 @@ site_event(int base, int oparg)
     }
 }
 
-static void
-set_opcode(_Py_CODEUNIT *instr, int opcode)
-{
-    _Py_SET_OPCODE(*instr, opcode);
-}
-
 /* An adaptive instruction taken back from its instrumented form starts to
    learn again. */
 static void
@@ -159,27 +153,33 @@ set_site(PyCodeObject *code, int i, int base, int precall, int on)
         return;
     }
     switch (base) {
+        case FOR_ITER:
+        case SEND:
+            /* STOP_ITERATION is looked for where the loop or the yield from
+               ends, never instrumented. */
+            break;
         case RESUME:
-            set_opcode(&instrs[i], on ? INSTRUMENTED_RESUME : RESUME_QUICK);
+            _Py_SET_OPCODE(instrs[i], on ? INSTRUMENTED_RESUME : RESUME_QUICK);
             break;
         case RETURN_VALUE:
-            set_opcode(&instrs[i],
-                       on ? INSTRUMENTED_RETURN_VALUE : RETURN_VALUE);
+            _Py_SET_OPCODE(instrs[i],
+                           on ? INSTRUMENTED_RETURN_VALUE : RETURN_VALUE);
             break;
         case YIELD_VALUE:
-            set_opcode(&instrs[i], on ? INSTRUMENTED_YIELD_VALUE : YIELD_VALUE);
+            _Py_SET_OPCODE(instrs[i],
+                           on ? INSTRUMENTED_YIELD_VALUE : YIELD_VALUE);
             break;
         case CALL_FUNCTION_EX:
-            set_opcode(&instrs[i],
-                       on ? INSTRUMENTED_CALL_FUNCTION_EX : CALL_FUNCTION_EX);
+            _Py_SET_OPCODE(instrs[i], on ? INSTRUMENTED_CALL_FUNCTION_EX
+                                         : CALL_FUNCTION_EX);
             break;
         case CALL:
             /* Specialized PRECALLs make calls themselves, so both halves of
                a call are instrumented: PRECALL delivers CALL, and CALL
                delivers C_RETURN and C_RAISE. */
             if (on) {
-                set_opcode(&instrs[precall], INSTRUMENTED_PRECALL);
-                set_opcode(&instrs[i], INSTRUMENTED_CALL);
+                _Py_SET_OPCODE(instrs[precall], INSTRUMENTED_PRECALL);
+                _Py_SET_OPCODE(instrs[i], INSTRUMENTED_CALL);
             }
             else {
                 set_adaptive(&instrs[precall], PRECALL_ADAPTIVE);
@@ -191,17 +191,25 @@ set_site(PyCodeObject *code, int i, int base, int precall, int on)
     }
 }
 
+/* The local events `tool` has in the code of `data`: none once the tool
+   has been freed or cleared since it set them. */
+static uint32_t
+local_events(PyInterpreterState *interp, _PyCoMonitoringData *data, int tool)
+{
+    if (data == NULL
+        || data->local_epoch[tool] != interp->monitoring.tool_epoch[tool])
+    {
+        return 0;
+    }
+    return data->local_events[tool];
+}
+
 static uint8_t
 local_tools(PyInterpreterState *interp, _PyCoMonitoringData *data, int event)
 {
     uint8_t tools = 0;
-    if (data == NULL) {
-        return 0;
-    }
     for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-        if (data->local_epoch[tool] == interp->monitoring.tool_epoch[tool]
-            && (data->local_events[tool] >> event) & 1)
-        {
+        if ((local_events(interp, data, tool) >> event) & 1) {
             tools |= 1 << tool;
         }
     }
@@ -284,10 +292,8 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
         int event = site_event(base, _Py_OPARG(instrs[i]));
         if (event >= 0) {
             data->site_disabled[i] &= ~stale;
-            if (event != EVENT(STOP_ITERATION)) {
-                set_site(code, i, base, precall,
-                         (active[event] & ~data->site_disabled[i]) != 0);
-            }
+            set_site(code, i, base, precall,
+                     (active[event] & ~data->site_disabled[i]) != 0);
         }
         i += _PyOpcode_Caches[base];
     }
@@ -328,12 +334,8 @@ disable_site(PyCodeObject *code, int site, int event, int tool)
     if ((data->active[event] & ~data->site_disabled[site]) == 0) {
         _Py_CODEUNIT *instrs = _PyCode_CODE(code);
         int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[site])];
-        if (base == CALL) {
-            set_site(code, site, base, precall_of_call(code, site), 0);
-        }
-        else if (base != FOR_ITER && base != SEND) {
-            set_site(code, site, base, -1, 0);
-        }
+        int precall = base == CALL ? precall_of_call(code, site) : -1;
+        set_site(code, site, base, precall, 0);
     }
 }
 
@@ -464,6 +466,9 @@ deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
                          int event, uint8_t tools, PyObject *arg1,
                          PyObject *arg2)
 {
+    if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
+        return 0;
+    }
     PyObject *type, *value, *tb;
     _PyErr_Fetch(tstate, &type, &value, &tb);
     /* Callbacks get an exception object, which a C function may not have
@@ -506,9 +511,6 @@ _PyMonitoring_FireCallResult(PyThreadState *tstate, _PyInterpreterFrame *frame,
     /* Upstream's rule: the tools that have CALL here hear of the result,
        if they have a callback for it. */
     uint8_t tools = site_tools(code, site, EVENT(CALL));
-    if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
-        return res;
-    }
     if (res != NULL) {
         if (deliver(tstate, code, site, event, tools, callable, arg0) < 0) {
             Py_CLEAR(res);
@@ -526,9 +528,6 @@ _PyMonitoring_FireException(PyThreadState *tstate, int event,
 {
     assert(!IS_LOCAL(event));
     uint8_t tools = tstate->interp->monitoring.global[event];
-    if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
-        return 0;
-    }
     return deliver_during_exception(tstate, frame->f_code,
                                     instr_index(frame, instr), event, tools,
                                     NULL, NULL);
@@ -967,13 +966,7 @@ monitoring_get_local_events_impl(PyObject *module, int tool_id,
     if (co == NULL || check_tool(interp, tool_id, 0) < 0) {
         return -1;
     }
-    _PyCoMonitoringData *data = co->_co_monitoring;
-    if (data == NULL
-        || data->local_epoch[tool_id] != interp->monitoring.tool_epoch[tool_id])
-    {
-        return 0;
-    }
-    return (int)data->local_events[tool_id];
+    return (int)local_events(interp, co->_co_monitoring, tool_id);
 }
 
 /*[clinic input]
@@ -1015,11 +1008,9 @@ monitoring_set_local_events_impl(PyObject *module, int tool_id,
     if (data == NULL) {
         return NULL;
     }
-    uint32_t epoch = interp->monitoring.tool_epoch[tool_id];
-    uint32_t old = data->local_epoch[tool_id] == epoch
-                   ? data->local_events[tool_id] : 0;
+    uint32_t old = local_events(interp, data, tool_id);
     data->local_events[tool_id] = (uint32_t)event_set;
-    data->local_epoch[tool_id] = epoch;
+    data->local_epoch[tool_id] = interp->monitoring.tool_epoch[tool_id];
     interp->monitoring.local_union |= (uint32_t)event_set;
     if (old != (uint32_t)event_set
         && instrument_executing_code(interp) < 0)
@@ -1116,6 +1107,18 @@ static struct PyModuleDef monitoring_module = {
 };
 
 static int
+set_flag(PyObject *events, const char *name, long value)
+{
+    PyObject *flag = PyLong_FromLong(value);
+    if (flag == NULL) {
+        return -1;
+    }
+    int err = PyObject_SetAttrString(events, name, flag);
+    Py_DECREF(flag);
+    return err;
+}
+
+static int
 add_events_namespace(PyObject *module)
 {
     PyObject *events = _PyNamespace_New(NULL);
@@ -1123,25 +1126,15 @@ add_events_namespace(PyObject *module)
         return -1;
     }
     for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
-        PyObject *value = PyLong_FromLong(1L << event);
-        if (value == NULL
-            || PyObject_SetAttrString(events, event_names[event], value) < 0)
-        {
-            Py_XDECREF(value);
+        if (set_flag(events, event_names[event], 1L << event) < 0) {
             Py_DECREF(events);
             return -1;
         }
-        Py_DECREF(value);
     }
-    PyObject *none = PyLong_FromLong(0);
-    if (none == NULL
-        || PyObject_SetAttrString(events, "NO_EVENTS", none) < 0)
-    {
-        Py_XDECREF(none);
+    if (set_flag(events, "NO_EVENTS", 0) < 0) {
         Py_DECREF(events);
         return -1;
     }
-    Py_DECREF(none);
     int err = PyModule_AddObjectRef(module, "events", events);
     Py_DECREF(events);
     return err;

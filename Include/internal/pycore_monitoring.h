@@ -65,8 +65,8 @@ struct _Py_monitoring_state {
     uint32_t restart_version;
     /* Per event, the tools that have it set for all code. */
     uint8_t global[_PY_MONITORING_EVENTS];
-    /* Bumped when a tool id is freed: local events set for the tool's
-       earlier user are void from then on. */
+    /* Bumped when a tool is freed or cleared: the local events and DISABLE
+       marks it had are void from then on. */
     uint32_t tool_epoch[_PY_MONITORING_TOOL_IDS];
     /* Every event some code has had set locally: where an event is not
        instrumented, its path checks for this before it looks closer. */
@@ -131,15 +131,12 @@ extern int _PyMonitoring_FireCall(PyThreadState *tstate,
 /* C_RETURN, or C_RAISE with the exception set, after a call of a callable
    that is not a Python function; returns `res`, or NULL when a callback
    raised. */
-extern PyObject *_PyMonitoring_FireCallResult(PyThreadState *tstate,
-                                              struct _PyInterpreterFrame *frame,
-                                              _Py_CODEUNIT *instr,
-                                              PyObject *callable,
-                                              PyObject *arg0, PyObject *res);
+extern PyObject *_PyMonitoring_FireCallResult(
+    PyThreadState *tstate, struct _PyInterpreterFrame *frame,
+    _Py_CODEUNIT *instr, PyObject *callable, PyObject *arg0, PyObject *res);
 
-/* Events of the exception paths; the exception is set (PY_THROW, RAISE,
-   RERAISE, PY_UNWIND) or has been handed to the handler
-   (EXCEPTION_HANDLED).  Return -1 when a callback raised, its exception
+/* Events of the exception paths (PY_THROW, RAISE, RERAISE, PY_UNWIND),
+   the exception set.  Return -1 when a callback raised, its exception
    replacing the one being propagated. */
 extern int _PyMonitoring_FireException(PyThreadState *tstate, int event,
                                        struct _PyInterpreterFrame *frame,
@@ -170,6 +167,17 @@ extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
 #define _PyMonitoring_IsActive(tstate, event) \
     (_PyMonitoring_EverUsed \
      && (tstate)->interp->monitoring.global[(event)] != 0)
+
+/* An exception-path event where the eval loop is: tested inline, so that
+   the path pays a load and a test while no tool has it.  A callback's
+   exception simply takes over the propagation. */
+#define _PyMonitoring_NoteException(tstate, event, frame, instr) \
+    do { \
+        if (_PyMonitoring_IsActive((tstate), (event))) { \
+            (void)_PyMonitoring_FireException((tstate), (event), (frame), \
+                                              (instr)); \
+        } \
+    } while (0)
 
 /* Whether STOP_ITERATION may be wanted anywhere: globally, or locally by
    some code (then the code's sites tell). */
