@@ -21,8 +21,7 @@ import workloads
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Calls of each workload: enough that start-up is a small part.
-REPEAT = {"fib": 20, "methods": 20, "loop": 20, "builtins": 20, "gens": 20,
-          "exc": 20, "alloc": 20}
+REPEAT = 20
 
 
 def instructions(python, name, repeat):
@@ -48,7 +47,7 @@ def main():
     print(f"instructions, B / A; A = {ns.a}, B = {ns.b}")
     base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
     for name in ns.workload or list(workloads.ALL):
-        counts = {py: instructions(py, name, REPEAT[name]) - base[py]
+        counts = {py: instructions(py, name, REPEAT) - base[py]
                   for py in (ns.a, ns.b)}
         print(f"{name:10s} {counts[ns.b] / counts[ns.a]:8.4f}")
         sys.stdout.flush()

@@ -644,6 +644,13 @@ class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
     names = ["RAISE", "RERAISE", "EXCEPTION_HANDLED", "PY_UNWIND",
              "PY_RETURN"]
 
+    def events_of_failing(self, func):
+        """The events func's own frame raises on its way out with a
+        KeyError."""
+        self.run_recorded(lambda: self.assertRaises(KeyError, func),
+                          self.names)
+        return [e[0] for e in self.events_in(func.__name__)]
+
     def test_caught_in_caller(self):
         def raiser():
             raise ValueError("v")
@@ -676,9 +683,7 @@ class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
             except KeyError:
                 raise
 
-        self.run_recorded(lambda: self.assertRaises(KeyError, reraiser),
-                          self.names)
-        self.assertEqual([e[0] for e in self.events_in("reraiser")], [
+        self.assertEqual(self.events_of_failing(reraiser), [
             "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
             "RERAISE", "PY_UNWIND"])
 
@@ -688,9 +693,7 @@ class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
                 raise KeyError
             finally:
                 pass
-        self.run_recorded(lambda: self.assertRaises(KeyError, fin),
-                          self.names)
-        self.assertEqual([e[0] for e in self.events_in("fin")], [
+        self.assertEqual(self.events_of_failing(fin), [
             "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
             "RERAISE", "PY_UNWIND"])
 
@@ -705,9 +708,7 @@ class TestExceptionEvents(MonitoringTestBase, unittest.TestCase):
         def withf():
             with Manager():
                 raise KeyError("k")
-        self.run_recorded(lambda: self.assertRaises(KeyError, withf),
-                          self.names)
-        self.assertEqual([e[0] for e in self.events_in("withf")], [
+        self.assertEqual(self.events_of_failing(withf), [
             "RAISE", "EXCEPTION_HANDLED", "RERAISE", "EXCEPTION_HANDLED",
             "RERAISE", "PY_UNWIND"])
 
