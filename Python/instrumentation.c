@@ -18,12 +18,6 @@
 #define ALL_EVENTS ((1 << _PY_MONITORING_EVENTS) - 1)
 #define C_CALL_EVENTS \
     (1 << EVENT(CALL) | 1 << EVENT(C_RETURN) | 1 << EVENT(C_RAISE))
-/* The events of single instructions, lines and branches, not delivered
-   yet: setting them is refused rather than silently ignored. */
-#define UNDELIVERED_EVENTS \
-    (1 << EVENT(LINE) | 1 << EVENT(INSTRUCTION) | 1 << EVENT(JUMP) \
-     | 1 << EVENT(BRANCH) | 1 << EVENT(BRANCH_LEFT) \
-     | 1 << EVENT(BRANCH_RIGHT) | 1 << EVENT(MARKER))
 
 static const char *const event_names[_PY_MONITORING_EVENTS] = {
     [EVENT(PY_START)] = "PY_START",
@@ -79,27 +73,178 @@ _PyMonitoringSentinel _PyMonitoring_Missing = {
 
 /* Instrumentation of the bytecode */
 
-/* The event delivered where the instruction with base opcode `base` is
-   (for a call: at its CALL or CALL_FUNCTION_EX), or -1. */
+#define UNIT(flag) _PY_MONITORING_UNIT_##flag
+#define SLOT(name) _PY_MONITORING_SLOT_##name
+
+/* Where a DISABLE of `event` is kept. */
 static int
-site_event(int base, int oparg)
+event_slot(int event)
+{
+    switch (event) {
+        case EVENT(BRANCH):
+            return SLOT(BRANCH);
+        case EVENT(BRANCH_LEFT):
+            return SLOT(BRANCH_LEFT);
+        case EVENT(BRANCH_RIGHT):
+            return SLOT(BRANCH_RIGHT);
+        case EVENT(LINE):
+            return SLOT(LINE);
+        case EVENT(INSTRUCTION):
+            return SLOT(INSTRUCTION);
+        case EVENT(MARKER):
+            return SLOT(MARKER);
+        default:
+            return SLOT(SITE);
+    }
+}
+
+/* JUMP for an unconditional jump, BRANCH for a conditional one (whose
+   BRANCH_LEFT goes on and BRANCH_RIGHT jumps), -1 for other instructions.
+   As in 3.12, the jump back of a yield from loop is not told. */
+static int
+jump_event(int base)
 {
     switch (base) {
-        case RESUME:
-            return oparg == 0 ? EVENT(PY_START) : EVENT(PY_RESUME);
-        case RETURN_VALUE:
-            return EVENT(PY_RETURN);
-        case YIELD_VALUE:
-            return EVENT(PY_YIELD);
-        case CALL:
-        case CALL_FUNCTION_EX:
-            return EVENT(CALL);
+        case JUMP_FORWARD:
+        case JUMP_BACKWARD:
+            return EVENT(JUMP);
+        case POP_JUMP_FORWARD_IF_FALSE:
+        case POP_JUMP_FORWARD_IF_TRUE:
+        case POP_JUMP_FORWARD_IF_NONE:
+        case POP_JUMP_FORWARD_IF_NOT_NONE:
+        case POP_JUMP_BACKWARD_IF_FALSE:
+        case POP_JUMP_BACKWARD_IF_TRUE:
+        case POP_JUMP_BACKWARD_IF_NONE:
+        case POP_JUMP_BACKWARD_IF_NOT_NONE:
+        case JUMP_IF_FALSE_OR_POP:
+        case JUMP_IF_TRUE_OR_POP:
         case FOR_ITER:
-        case SEND:
-            return EVENT(STOP_ITERATION);
+            return EVENT(BRANCH);
         default:
             return -1;
     }
+}
+
+/* Where the instruction `base` at unit `i`, with full `oparg`, goes when
+   it jumps; -1 if it never does. */
+static int
+jump_target(int base, int i, int oparg)
+{
+    switch (base) {
+        case JUMP_FORWARD:
+        case POP_JUMP_FORWARD_IF_FALSE:
+        case POP_JUMP_FORWARD_IF_TRUE:
+        case POP_JUMP_FORWARD_IF_NONE:
+        case POP_JUMP_FORWARD_IF_NOT_NONE:
+        case JUMP_IF_FALSE_OR_POP:
+        case JUMP_IF_TRUE_OR_POP:
+        case FOR_ITER:
+        case SEND:
+            return i + 1 + oparg;
+        case JUMP_BACKWARD:
+        case JUMP_BACKWARD_NO_INTERRUPT:
+        case POP_JUMP_BACKWARD_IF_FALSE:
+        case POP_JUMP_BACKWARD_IF_TRUE:
+        case POP_JUMP_BACKWARD_IF_NONE:
+        case POP_JUMP_BACKWARD_IF_NOT_NONE:
+            return i + 1 - oparg;
+        default:
+            return -1;
+    }
+}
+
+static int
+unit_base(PyCodeObject *code, int i)
+{
+    return _PyMonitoring_Deopt(code, i, _Py_OPCODE(_PyCode_CODE(code)[i]));
+}
+
+/* The instruction after the one at `i`, EXTENDED_ARGs skipped. */
+static int
+next_instruction(PyCodeObject *code, int i)
+{
+    i += 1 + _PyOpcode_Caches[unit_base(code, i)];
+    while (i < Py_SIZE(code) && unit_base(code, i) == EXTENDED_ARG) {
+        i++;
+    }
+    return i;
+}
+
+/* The instruction before the one at `i`, or -1. */
+static int
+previous_instruction(_PyCoMonitoringData *data, int i)
+{
+    do {
+        i--;
+    } while (i >= 0 && !(data->units[i].flags & UNIT(START)));
+    return i;
+}
+
+/* The tools to tell of `event` at unit `i`. */
+static uint8_t
+unit_tools(_PyCoMonitoringData *data, int i, int event)
+{
+    return data->active[event]
+           & ~data->units[i].disabled[event_slot(event)];
+}
+
+/* The INSTRUMENTED_ form the instruction `base` at `i` needs for its own
+   events, or 0. */
+static int
+instrumented_form(PyCodeObject *code, _PyCoMonitoringData *data, int i,
+                  int base)
+{
+    switch (base) {
+        case RESUME: {
+            int event = _Py_OPARG(_PyCode_CODE(code)[i]) == 0
+                        ? EVENT(PY_START) : EVENT(PY_RESUME);
+            return unit_tools(data, i, event) ? INSTRUMENTED_RESUME : 0;
+        }
+        case RETURN_VALUE:
+            return unit_tools(data, i, EVENT(PY_RETURN))
+                   ? INSTRUMENTED_RETURN_VALUE : 0;
+        case YIELD_VALUE:
+            return unit_tools(data, i, EVENT(PY_YIELD))
+                   ? INSTRUMENTED_YIELD_VALUE : 0;
+        case CALL_FUNCTION_EX:
+            return unit_tools(data, i, EVENT(CALL))
+                   ? INSTRUMENTED_CALL_FUNCTION_EX : 0;
+        /* Specialized PRECALLs make calls themselves, so both halves of a
+           call are instrumented: PRECALL delivers CALL, and CALL delivers
+           C_RETURN and C_RAISE. */
+        case CALL:
+            return unit_tools(data, i, EVENT(CALL)) ? INSTRUMENTED_CALL : 0;
+        case PRECALL:
+            return unit_tools(data, next_instruction(code, i), EVENT(CALL))
+                   ? INSTRUMENTED_PRECALL : 0;
+    }
+    switch (jump_event(base)) {
+        case EVENT(JUMP):
+            return unit_tools(data, i, EVENT(JUMP)) ? INSTRUMENTED_JUMP : 0;
+        case EVENT(BRANCH):
+            return (unit_tools(data, i, EVENT(BRANCH))
+                    | unit_tools(data, i, EVENT(BRANCH_LEFT))
+                    | unit_tools(data, i, EVENT(BRANCH_RIGHT)))
+                   ? INSTRUMENTED_JUMP : 0;
+        default:
+            /* FOR_ITER and SEND: STOP_ITERATION is looked for where the
+               iteration ends, never instrumented. */
+            return 0;
+    }
+}
+
+/* Whether the instruction at `i` needs INSTRUMENTED_INSTRUCTION. */
+static int
+needs_hook(_PyCoMonitoringData *data, int i)
+{
+    _PyMonitoringUnit *unit = &data->units[i];
+    if (!(unit->flags & UNIT(HOOKABLE))) {
+        return 0;
+    }
+    return (unit_tools(data, i, EVENT(MARKER)) & unit->markers)
+           || unit_tools(data, i, EVENT(INSTRUCTION))
+           || ((unit->flags & UNIT(LINE_START))
+               && unit_tools(data, i, EVENT(LINE)));
 }
 
 /* An adaptive instruction taken back from its instrumented form starts to
@@ -111,84 +256,101 @@ set_adaptive(_Py_CODEUNIT *instr, int adaptive)
     instr[1] = adaptive_counter_start();
 }
 
-/* The CALL that belongs to the PRECALL at `precall`. */
-static int
-call_of_precall(PyCodeObject *code, int precall)
-{
-    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-    int i = precall + 1 + INLINE_CACHE_ENTRIES_PRECALL;
-    while (_PyOpcode_Deopt[_Py_OPCODE(instrs[i])] == EXTENDED_ARG) {
-        i++;
-    }
-    assert(_PyOpcode_Deopt[_Py_OPCODE(instrs[i])] == CALL);
-    return i;
-}
-
-/* The PRECALL that belongs to the CALL at `call`: the last one before it,
-   found from the start since inline caches can't be read backwards. */
-static int
-precall_of_call(PyCodeObject *code, int call)
-{
-    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-    int precall = -1;
-    for (int i = 0; i < call; i++) {
-        int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[i])];
-        if (base == PRECALL) {
-            precall = i;
-        }
-        i += _PyOpcode_Caches[base];
-    }
-    assert(precall >= 0);
-    return precall;
-}
-
-/* Put the site at `i` (of instruction `base`) into its instrumented form
-   or take it out.  Sites that are not instrumented keep whatever
-   specialized form they have. */
+/* Puts the quickened, uninstrumented form of `base` at `instr`. */
 static void
-set_site(PyCodeObject *code, int i, int base, int precall, int on)
+set_plain(_Py_CODEUNIT *instr, int base)
 {
-    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-    if (_PyMonitoring_IsInstrumentedOpcode(_Py_OPCODE(instrs[i])) == on) {
-        return;
-    }
     switch (base) {
-        case FOR_ITER:
-        case SEND:
-            /* STOP_ITERATION is looked for where the loop or the yield from
-               ends, never instrumented. */
-            break;
         case RESUME:
-            _Py_SET_OPCODE(instrs[i], on ? INSTRUMENTED_RESUME : RESUME_QUICK);
+            _Py_SET_OPCODE(*instr, RESUME_QUICK);
             break;
-        case RETURN_VALUE:
-            _Py_SET_OPCODE(instrs[i],
-                           on ? INSTRUMENTED_RETURN_VALUE : RETURN_VALUE);
+        case JUMP_BACKWARD:
+            _Py_SET_OPCODE(*instr, JUMP_BACKWARD_QUICK);
             break;
-        case YIELD_VALUE:
-            _Py_SET_OPCODE(instrs[i],
-                           on ? INSTRUMENTED_YIELD_VALUE : YIELD_VALUE);
-            break;
-        case CALL_FUNCTION_EX:
-            _Py_SET_OPCODE(instrs[i], on ? INSTRUMENTED_CALL_FUNCTION_EX
-                                         : CALL_FUNCTION_EX);
-            break;
-        case CALL:
-            /* Specialized PRECALLs make calls themselves, so both halves of
-               a call are instrumented: PRECALL delivers CALL, and CALL
-               delivers C_RETURN and C_RAISE. */
-            if (on) {
-                _Py_SET_OPCODE(instrs[precall], INSTRUMENTED_PRECALL);
-                _Py_SET_OPCODE(instrs[i], INSTRUMENTED_CALL);
-            }
-            else {
-                set_adaptive(&instrs[precall], PRECALL_ADAPTIVE);
-                set_adaptive(&instrs[i], CALL_ADAPTIVE);
-            }
+        case EXTENDED_ARG:
+            _Py_SET_OPCODE(*instr, EXTENDED_ARG_QUICK);
             break;
         default:
-            Py_UNREACHABLE();
+            if (_PyOpcode_Adaptive[base]) {
+                set_adaptive(instr, _PyOpcode_Adaptive[base]);
+            }
+            else {
+                _Py_SET_OPCODE(*instr, base);
+            }
     }
+}
+
+/* Some specialized forms also run the instruction after them, skipping
+   its dispatch: superinstructions, COMPARE_OP_*_JUMP,
+   BINARY_OP_INPLACE_ADD_UNICODE and the PRECALLs that make the call.
+   While the instruction at `i` is instrumented, the one at `p` before it
+   must not be one of them. */
+static void
+keep_from_skipping(PyCodeObject *code, int p, int i)
+{
+    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    int op = _Py_OPCODE(instrs[p]);
+    if (p < 0 || i >= Py_SIZE(code) || _PyMonitoring_IsInstrumentedOpcode(op)) {
+        return;
+    }
+    if (!_PyMonitoring_IsInstrumentedOpcode(_Py_OPCODE(instrs[i]))) {
+        /* Nothing to skip: a PRECALL held back may specialize again. */
+        if (op == PRECALL) {
+            set_adaptive(&instrs[p], PRECALL_ADAPTIVE);
+        }
+        return;
+    }
+    switch (op) {
+        case LOAD_FAST__LOAD_FAST:
+        case LOAD_FAST__LOAD_CONST:
+        case LOAD_CONST__LOAD_FAST:
+        case STORE_FAST__LOAD_FAST:
+        case STORE_FAST__STORE_FAST:
+            _Py_SET_OPCODE(instrs[p], _PyOpcode_Deopt[op]);
+            break;
+        /* The specializers of these look at the next instruction, and
+           leave it alone while it is instrumented. */
+        case COMPARE_OP_FLOAT_JUMP:
+        case COMPARE_OP_INT_JUMP:
+        case COMPARE_OP_STR_JUMP:
+            set_adaptive(&instrs[p], COMPARE_OP_ADAPTIVE);
+            break;
+        case BINARY_OP_INPLACE_ADD_UNICODE:
+            set_adaptive(&instrs[p], BINARY_OP_ADAPTIVE);
+            break;
+        default:
+            if (_PyOpcode_Deopt[op] == PRECALL) {
+                _Py_SET_OPCODE(instrs[p], PRECALL);
+            }
+    }
+}
+
+/* Brings the instruction at `i` to what the tools want there:
+   INSTRUMENTED_INSTRUCTION for the events before it, over the
+   INSTRUMENTED_ form for its own events, over its plain form.  A plain
+   form that stays keeps its specialization. */
+static void
+update_instruction(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+{
+    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    _PyMonitoringUnit *unit = &data->units[i];
+    int op = _Py_OPCODE(instrs[i]);
+    int base = _PyMonitoring_Deopt(code, i, op);
+    int form = instrumented_form(code, data, i, base);
+    if (needs_hook(data, i)) {
+        unit->base = base;
+        unit->below = form ? form : base;
+        _Py_SET_OPCODE(instrs[i], INSTRUMENTED_INSTRUCTION);
+    }
+    else if (form) {
+        unit->base = base;
+        _Py_SET_OPCODE(instrs[i], form);
+    }
+    else if (_PyMonitoring_IsInstrumentedOpcode(op)) {
+        set_plain(&instrs[i], base);
+    }
+    keep_from_skipping(code, previous_instruction(data, i), i);
+    keep_from_skipping(code, i, i + 1 + _PyOpcode_Caches[base]);
 }
 
 /* The local events `tool` has in the code of `data`: none once the tool
@@ -219,25 +381,166 @@ local_tools(PyInterpreterState *interp, _PyCoMonitoringData *data, int event)
 static _PyCoMonitoringData *
 code_data(PyCodeObject *code)
 {
-    if (code->_co_monitoring == NULL) {
-        size_t size = offsetof(_PyCoMonitoringData, site_disabled)
-                      + (size_t)Py_SIZE(code);
-        code->_co_monitoring = _PyMem_OwnedCalloc(&PyCode_Type, 1, size);
-        if (code->_co_monitoring == NULL) {
-            PyErr_NoMemory();
-        }
+    if (code->_co_monitoring != NULL) {
+        return code->_co_monitoring;
     }
-    return code->_co_monitoring;
+    size_t size = offsetof(_PyCoMonitoringData, units)
+                  + (size_t)Py_SIZE(code) * sizeof(_PyMonitoringUnit);
+    _PyCoMonitoringData *data = _PyMem_OwnedCalloc(&PyCode_Type, 1, size);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    for (int i = 0; i < Py_SIZE(code); i++) {
+        int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[i])];
+        data->units[i].flags = UNIT(START);
+        if (i > code->_co_firsttraceable && base != RESUME) {
+            data->units[i].flags |= UNIT(HOOKABLE);
+        }
+        i += _PyOpcode_Caches[base];
+    }
+    code->_co_monitoring = data;
+    return data;
 }
 
 void
 _PyMonitoring_FreeCodeData(PyCodeObject *code)
 {
     if (code->_co_monitoring != NULL) {
+        if (code->_co_monitoring->lines != NULL) {
+            _PyMem_OwnedFree(&PyCode_Type, code->_co_monitoring->lines);
+        }
         _PyMem_OwnedFree(&PyCode_Type, code->_co_monitoring);
         code->_co_monitoring = NULL;
     }
     code->_co_monitoring_version = 0;
+}
+
+static void
+mark_line_start(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+{
+    if (i >= 0 && i < Py_SIZE(code) && data->lines[i] >= 0
+        && (data->units[i].flags & UNIT(HOOKABLE)))
+    {
+        data->units[i].flags |= UNIT(LINE_START);
+    }
+}
+
+/* One number of the exception table (Objects/exception_handling_notes.txt):
+   six bits a byte, most significant first, bit 6 set on all but the last;
+   bit 7 marks the start of an entry. */
+static const unsigned char *
+read_varint(const unsigned char *p, int *value)
+{
+    int v = *p & 63;
+    while (*p & 64) {
+        p++;
+        v = (v << 6) | (*p & 63);
+    }
+    *value = v;
+    return p + 1;
+}
+
+/* The line of each code unit, and where lines may start: where the line
+   differs from the previous instruction's, and where jumps and exception
+   handlers lead.  LINE is told there when, at run time, the line differs
+   from that of the instruction run before (3.12's rule). */
+static int
+compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
+{
+    int n = (int)Py_SIZE(code);
+    data->lines = _PyMem_OwnedCalloc(&PyCode_Type, n, sizeof(int));
+    if (data->lines == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyCodeAddressRange range;
+    _PyCode_InitAddressRange(code, &range);
+    for (int i = 0; i < n; i++) {
+        data->lines[i] = _PyCode_CheckLineNumber(
+            i * (int)sizeof(_Py_CODEUNIT), &range);
+    }
+    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    int previous_line = -1;
+    int extended = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(data->units[i].flags & UNIT(START))) {
+            continue;
+        }
+        int base = unit_base(code, i);
+        int oparg = extended | _Py_OPARG(instrs[i]);
+        extended = base == EXTENDED_ARG ? oparg << 8 : 0;
+        if (base == RESUME) {
+            data->lines[i] = -1;
+            continue;
+        }
+        if (!(data->units[i].flags & UNIT(HOOKABLE))) {
+            continue;
+        }
+        if (data->lines[i] != previous_line) {
+            mark_line_start(code, data, i);
+        }
+        previous_line = data->lines[i];
+        mark_line_start(code, data, jump_target(base, i, oparg));
+    }
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(
+        code->co_exceptiontable);
+    const unsigned char *end = p + PyBytes_GET_SIZE(code->co_exceptiontable);
+    while (p < end) {
+        int start, length, handler, depth_lasti;
+        p = read_varint(p, &start);
+        p = read_varint(p, &length);
+        p = read_varint(p, &handler);
+        p = read_varint(p, &depth_lasti);
+        mark_line_start(code, data, handler);
+    }
+    return 0;
+}
+
+/* DISABLE marks last until restart_events(), or until their tool is
+   freed or cleared; markers until their tool is freed or cleared. */
+static void
+forget_void_marks(PyInterpreterState *interp, PyCodeObject *code,
+                  _PyCoMonitoringData *data)
+{
+    struct _Py_monitoring_state *state = &interp->monitoring;
+    uint8_t freed = 0;
+    for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+        if (data->disabled_epoch[tool] != state->tool_epoch[tool]) {
+            data->disabled_epoch[tool] = state->tool_epoch[tool];
+            freed |= 1 << tool;
+        }
+    }
+    uint8_t stale = freed;
+    if (code->_co_monitoring_version < state->restart_version) {
+        stale = 0xff;
+    }
+    if (stale == 0) {
+        return;
+    }
+    data->markers = 0;
+    for (int i = 0; i < Py_SIZE(code); i++) {
+        _PyMonitoringUnit *unit = &data->units[i];
+        for (int slot = 0; slot < _PY_MONITORING_SLOTS; slot++) {
+            unit->disabled[slot] &= ~stale;
+        }
+        unit->markers &= ~freed;
+        for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+            data->markers += (unit->markers >> tool) & 1;
+        }
+    }
+}
+
+/* Instrumented forms replace quickened ones: quicken first, so that
+   warming up never overwrites them. */
+static void
+quicken_now(PyCodeObject *code)
+{
+    if (code->co_warmup != 0) {
+        code->co_warmup = 0;
+        _PyCode_Quicken(code);
+    }
 }
 
 int
@@ -264,40 +567,18 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
     if (data == NULL) {
         return -1;
     }
-    /* Instrumented forms replace quickened ones: quicken first, so that
-       warming up never overwrites them. */
-    if (code->co_warmup != 0) {
-        code->co_warmup = 0;
-        _PyCode_Quicken(code);
+    if (active[EVENT(LINE)] && data->lines == NULL
+        && compute_lines(code, data) < 0)
+    {
+        return -1;
     }
-    /* DISABLE marks last until restart_events(), or until their tool is
-       freed or cleared. */
-    uint8_t stale = 0;
-    for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-        if (data->disabled_epoch[tool] != state->tool_epoch[tool]) {
-            data->disabled_epoch[tool] = state->tool_epoch[tool];
-            stale |= 1 << tool;
-        }
-    }
-    if (code->_co_monitoring_version < state->restart_version) {
-        stale = 0xff;
-    }
-    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-    int precall = -1;
-    for (int i = 0; i < Py_SIZE(code); i++) {
-        int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[i])];
-        if (base == PRECALL) {
-            precall = i;
-        }
-        int event = site_event(base, _Py_OPARG(instrs[i]));
-        if (event >= 0) {
-            data->site_disabled[i] &= ~stale;
-            set_site(code, i, base, precall,
-                     (active[event] & ~data->site_disabled[i]) != 0);
-        }
-        i += _PyOpcode_Caches[base];
-    }
+    quicken_now(code);
+    forget_void_marks(interp, code, data);
     memcpy(data->active, active, sizeof(active));
+    for (int i = 0; i < Py_SIZE(code); i++) {
+        update_instruction(code, data, i);
+        i += _PyOpcode_Caches[unit_base(code, i)];
+    }
     code->_co_monitoring_version = state->version;
     return 0;
 }
@@ -330,12 +611,14 @@ disable_site(PyCodeObject *code, int site, int event, int tool)
 {
     _PyCoMonitoringData *data = code->_co_monitoring;
     assert(data != NULL);
-    data->site_disabled[site] |= 1 << tool;
-    if ((data->active[event] & ~data->site_disabled[site]) == 0) {
-        _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-        int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[site])];
-        int precall = base == CALL ? precall_of_call(code, site) : -1;
-        set_site(code, site, base, precall, 0);
+    data->units[site].disabled[event_slot(event)] |= 1 << tool;
+    update_instruction(code, data, site);
+    if (unit_base(code, site) == CALL) {
+        int precall = previous_instruction(data, site);
+        while (unit_base(code, precall) == EXTENDED_ARG) {
+            precall = previous_instruction(data, precall);
+        }
+        update_instruction(code, data, precall);
     }
 }
 
@@ -350,7 +633,7 @@ site_tools(PyCodeObject *code, int site, int event)
     if (data == NULL) {
         return 0;
     }
-    return data->active[event] & ~data->site_disabled[site];
+    return unit_tools(data, site, event);
 }
 
 /* Calls the `event` callbacks of `tools`, lowest tool id first, with the
@@ -366,8 +649,10 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
     if (tools == 0) {
         return 0;
     }
+    /* LINE is told the line, every other event the offset. */
     PyObject *offset = PyLong_FromLong(
-        site < 0 ? 0 : site * (long)sizeof(_Py_CODEUNIT));
+        event == EVENT(LINE) ? code->_co_monitoring->lines[site]
+        : site < 0 ? 0 : site * (long)sizeof(_Py_CODEUNIT));
     if (offset == NULL) {
         return -1;
     }
@@ -439,7 +724,7 @@ _PyMonitoring_FireReturn(PyThreadState *tstate, _PyInterpreterFrame *frame,
                          _Py_CODEUNIT *instr, PyObject *retval)
 {
     int site = instr_index(frame, instr);
-    int event = _PyOpcode_Deopt[_Py_OPCODE(*instr)] == YIELD_VALUE
+    int event = unit_base(frame->f_code, site) == YIELD_VALUE
                 ? EVENT(PY_YIELD) : EVENT(PY_RETURN);
     return deliver(tstate, frame->f_code, site, event,
                    site_tools(frame->f_code, site, event), retval, NULL);
@@ -450,8 +735,8 @@ _PyMonitoring_FireCall(PyThreadState *tstate, _PyInterpreterFrame *frame,
                        _Py_CODEUNIT *instr, PyObject *callable, PyObject *arg0)
 {
     int site = instr_index(frame, instr);
-    if (_PyOpcode_Deopt[_Py_OPCODE(*instr)] == PRECALL) {
-        site = call_of_precall(frame->f_code, site);
+    if (unit_base(frame->f_code, site) == PRECALL) {
+        site = next_instruction(frame->f_code, site);
     }
     return deliver(tstate, frame->f_code, site, EVENT(CALL),
                    site_tools(frame->f_code, site, EVENT(CALL)),
@@ -620,6 +905,141 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     return err;
 }
 
+int
+_PyMonitoring_FireInstruction(PyThreadState *tstate,
+                              _PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
+{
+    PyCodeObject *code = frame->f_code;
+    _PyCoMonitoringData *data = code->_co_monitoring;
+    int site = instr_index(frame, instr);
+    int previous = instr_index(frame, frame->prev_instr);
+    _PyMonitoringUnit *unit = &data->units[site];
+    /* Callbacks see the frame at this instruction. */
+    frame->prev_instr = instr;
+    if (deliver(tstate, code, site, EVENT(MARKER),
+                unit_tools(data, site, EVENT(MARKER)) & unit->markers,
+                NULL, NULL) < 0
+        || deliver(tstate, code, site, EVENT(INSTRUCTION),
+                   unit_tools(data, site, EVENT(INSTRUCTION)), NULL, NULL) < 0)
+    {
+        goto error;
+    }
+    if ((unit->flags & UNIT(LINE_START)) && data->lines != NULL) {
+        int previous_line = previous >= 0 && previous < Py_SIZE(code)
+                            ? data->lines[previous] : -1;
+        if (data->lines[site] != previous_line) {
+            _PyInterpreterFrame *outer = tstate->monitoring_line_frame;
+            tstate->monitoring_line_frame = frame;
+            int err = deliver(tstate, code, site, EVENT(LINE),
+                              unit_tools(data, site, EVENT(LINE)), NULL, NULL);
+            tstate->monitoring_line_frame = outer;
+            if (err < 0) {
+                goto error;
+            }
+        }
+    }
+    /* Callbacks may have changed what is here. */
+    int op = _Py_OPCODE(*instr);
+    return op == INSTRUMENTED_INSTRUCTION ? unit->below : op;
+
+error:
+    frame->prev_instr = instr;
+    return -1;
+}
+
+int
+_PyMonitoring_JumpOpcode(_PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
+{
+    return frame->f_code->_co_monitoring->units[instr_index(frame, instr)].base;
+}
+
+static int
+deliver_jump(PyThreadState *tstate, PyCodeObject *code, int site, int event,
+             PyObject *dest)
+{
+    uint8_t tools = site_tools(code, site, event);
+    if (_PyErr_Occurred(tstate)) {
+        return deliver_during_exception(tstate, code, site, event, tools,
+                                        dest, NULL);
+    }
+    return deliver(tstate, code, site, event, tools, dest, NULL);
+}
+
+int
+_PyMonitoring_FireJump(PyThreadState *tstate, _PyInterpreterFrame *frame,
+                       _Py_CODEUNIT *instr, _Py_CODEUNIT *dest)
+{
+    PyCodeObject *code = frame->f_code;
+    int site = instr_index(frame, instr);
+    int to = instr_index(frame, dest);
+    PyObject *offset = PyLong_FromLong(to * (long)sizeof(_Py_CODEUNIT));
+    if (offset == NULL) {
+        return -1;
+    }
+    int err;
+    if (jump_event(unit_base(code, site)) == EVENT(JUMP)) {
+        err = deliver_jump(tstate, code, site, EVENT(JUMP), offset);
+    }
+    else {
+        err = deliver_jump(tstate, code, site, EVENT(BRANCH), offset);
+        if (err == 0) {
+            err = deliver_jump(tstate, code, site,
+                               to == site + 1 ? EVENT(BRANCH_LEFT)
+                                              : EVENT(BRANCH_RIGHT),
+                               offset);
+        }
+    }
+    Py_DECREF(offset);
+    return err;
+}
+
+int
+_PyMonitoring_DecideJump(PyThreadState *tstate, _PyInterpreterFrame *frame,
+                         _Py_CODEUNIT *instr, int oparg, PyObject **cond)
+{
+    int site = instr_index(frame, instr);
+    int base = unit_base(frame->f_code, site);
+    int taken;
+    switch (base) {
+        case JUMP_FORWARD:
+        case JUMP_BACKWARD:
+            taken = 1;
+            break;
+        case POP_JUMP_FORWARD_IF_NONE:
+        case POP_JUMP_BACKWARD_IF_NONE:
+            taken = Py_IsNone(*cond);
+            break;
+        case POP_JUMP_FORWARD_IF_NOT_NONE:
+        case POP_JUMP_BACKWARD_IF_NOT_NONE:
+            taken = !Py_IsNone(*cond);
+            break;
+        default: {
+            int truth = PyObject_IsTrue(*cond);
+            if (truth < 0) {
+                return -1;
+            }
+            int if_true = base == POP_JUMP_FORWARD_IF_TRUE
+                          || base == POP_JUMP_BACKWARD_IF_TRUE
+                          || base == JUMP_IF_TRUE_OR_POP;
+            taken = truth == if_true;
+            /* The jump's own instruction, which pops the condition, must
+               not ask it again. */
+            if (base != JUMP_IF_TRUE_OR_POP && base != JUMP_IF_FALSE_OR_POP
+                && !PyBool_Check(*cond))
+            {
+                Py_SETREF(*cond, Py_NewRef(truth ? Py_True : Py_False));
+            }
+        }
+    }
+    int dest = taken ? jump_target(base, site, oparg) : site + 1;
+    if (_PyMonitoring_FireJump(tstate, frame, instr,
+                               _PyCode_CODE(frame->f_code) + dest) < 0)
+    {
+        return -1;
+    }
+    return taken;
+}
+
 
 /* The sys.monitoring module */
 
@@ -666,13 +1086,6 @@ check_event_set(int event_set)
             return -1;
         }
         event_set &= ~results;
-    }
-    if (event_set & UNDELIVERED_EVENTS) {
-        PyErr_SetString(PyExc_NotImplementedError,
-                        "LINE, INSTRUCTION, JUMP, BRANCH, BRANCH_LEFT, "
-                        "BRANCH_RIGHT and MARKER events are not delivered "
-                        "yet");
-        return -1;
     }
     return event_set;
 }
@@ -1038,6 +1451,136 @@ monitoring_restart_events_impl(PyObject *module)
     Py_RETURN_NONE;
 }
 
+/* The instruction of `tool_id`'s marker at `offset` in `code`, checked. */
+static int
+marker_site(PyInterpreterState *interp, int tool_id, PyObject *code,
+            int offset, _PyCoMonitoringData **data)
+{
+    PyCodeObject *co = check_code(code);
+    if (co == NULL || check_tool(interp, tool_id, 1) < 0) {
+        return -1;
+    }
+    *data = code_data(co);
+    if (*data == NULL) {
+        return -1;
+    }
+    forget_void_marks(interp, co, *data);
+    int site = offset / (int)sizeof(_Py_CODEUNIT);
+    if (offset < 0 || offset % sizeof(_Py_CODEUNIT) != 0
+        || site >= Py_SIZE(co)
+        || !((*data)->units[site].flags & UNIT(START)))
+    {
+        PyErr_Format(PyExc_ValueError,
+                     "offset %d is not the start of an instruction", offset);
+        return -1;
+    }
+    if (!((*data)->units[site].flags & UNIT(HOOKABLE))) {
+        PyErr_Format(PyExc_ValueError,
+                     "a marker cannot be at offset %d: it must come after "
+                     "the code's first RESUME, and not on a RESUME",
+                     offset);
+        return -1;
+    }
+    return site;
+}
+
+/* A marker changes nothing but its instruction: code that is up to date
+   is brought up to date there, other code will be when it runs. */
+static void
+update_marker_site(PyInterpreterState *interp, PyCodeObject *code,
+                   _PyCoMonitoringData *data, int site)
+{
+    if (code->_co_monitoring_version == interp->monitoring.version) {
+        quicken_now(code);
+        update_instruction(code, data, site);
+    }
+}
+
+/*[clinic input]
+monitoring.insert_marker
+
+    tool_id: int
+    code: object
+    offset: int
+    /
+
+Put a marker of tool_id before the instruction at offset in code.
+
+Where a marker is, the tool's MARKER callback is called, if the tool has
+MARKER events set for the code.  A code object takes at most 255 markers.
+[clinic start generated code]*/
+
+static PyObject *
+monitoring_insert_marker_impl(PyObject *module, int tool_id, PyObject *code,
+                              int offset)
+/*[clinic end generated code: output=28b611787fd49109 input=4b93d262c5c96b98]*/
+{
+    PyInterpreterState *interp = _PyInterpreterState_GET();
+    _PyCoMonitoringData *data;
+    int site = marker_site(interp, tool_id, code, offset, &data);
+    if (site < 0) {
+        return NULL;
+    }
+    if (PySys_Audit("sys.monitoring.insert_marker", "iOi",
+                    tool_id, code, offset) < 0)
+    {
+        return NULL;
+    }
+    _PyMonitoringUnit *unit = &data->units[site];
+    if ((unit->markers >> tool_id) & 1) {
+        Py_RETURN_NONE;
+    }
+    if (data->markers >= _PY_MONITORING_MAX_MARKERS) {
+        PyErr_Format(PyExc_ValueError,
+                     "a code object can have at most %d markers",
+                     _PY_MONITORING_MAX_MARKERS);
+        return NULL;
+    }
+    unit->markers |= 1 << tool_id;
+    data->markers++;
+    update_marker_site(interp, (PyCodeObject *)code, data, site);
+    Py_RETURN_NONE;
+}
+
+/*[clinic input]
+monitoring.remove_marker
+
+    tool_id: int
+    code: object
+    offset: int
+    /
+
+Remove the marker of tool_id at offset in code.
+[clinic start generated code]*/
+
+static PyObject *
+monitoring_remove_marker_impl(PyObject *module, int tool_id, PyObject *code,
+                              int offset)
+/*[clinic end generated code: output=40e2e7635dd46830 input=d4b71db563837200]*/
+{
+    PyInterpreterState *interp = _PyInterpreterState_GET();
+    _PyCoMonitoringData *data;
+    int site = marker_site(interp, tool_id, code, offset, &data);
+    if (site < 0) {
+        return NULL;
+    }
+    if (PySys_Audit("sys.monitoring.remove_marker", "iOi",
+                    tool_id, code, offset) < 0)
+    {
+        return NULL;
+    }
+    _PyMonitoringUnit *unit = &data->units[site];
+    if (!((unit->markers >> tool_id) & 1)) {
+        PyErr_Format(PyExc_ValueError, "tool %d has no marker at offset %d",
+                     tool_id, offset);
+        return NULL;
+    }
+    unit->markers &= ~(1 << tool_id);
+    data->markers--;
+    update_marker_site(interp, (PyCodeObject *)code, data, site);
+    Py_RETURN_NONE;
+}
+
 /* sys.monitoring.Event: made on first use, since enum is costly to import
    at start-up. */
 static PyObject *
@@ -1094,6 +1637,8 @@ static PyMethodDef monitoring_methods[] = {
     MONITORING_GET_LOCAL_EVENTS_METHODDEF
     MONITORING_SET_LOCAL_EVENTS_METHODDEF
     MONITORING_RESTART_EVENTS_METHODDEF
+    MONITORING_INSERT_MARKER_METHODDEF
+    MONITORING_REMOVE_MARKER_METHODDEF
     {"__getattr__", (PyCFunction)monitoring_getattr, METH_O, NULL},
     {NULL, NULL}
 };

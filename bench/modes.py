@@ -94,25 +94,29 @@ if hasattr(sys, "monitoring"):
     MODES["mon-calls"] = _monitor((_E.PY_START, _E.PY_RETURN), _noop) + (
         "sys.monitoring PY_START+PY_RETURN, Python no-op",)
 
-    def _delivers(event):
-        """Whether this interpreter takes `event` (Sightglass refuses the
-        events it does not deliver yet)."""
-        _mon.use_tool_id(_TOOL, "probe")
-        try:
-            _mon.set_events(_TOOL, event)
-            return True
-        except NotImplementedError:
-            return False
-        finally:
-            _mon.set_events(_TOOL, 0)    # 3.12's free_tool_id keeps events
-            _mon.free_tool_id(_TOOL)
+    MODES["mon-line"] = _monitor((_E.LINE,), _noop) + (
+        "sys.monitoring LINE, Python no-op",)
 
-    if _delivers(_E.LINE):
-        MODES["mon-line"] = _monitor((_E.LINE,), _noop) + (
-            "sys.monitoring LINE, Python no-op",)
+    # DISABLE lasts until restart_events(), which is never called: the
+    # runner's warm-up pass disables every line, the timed rounds measure
+    # what is left.  (Each mode runs in a process of its own.)
+    MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
+        "sys.monitoring LINE returning DISABLE (after the first pass)",)
 
-        # DISABLE lasts until restart_events(), which is never called: the
-        # runner's warm-up pass disables every line, the timed rounds
-        # measure what is left.  (Each mode runs in a process of its own.)
-        MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
-            "sys.monitoring LINE returning DISABLE (after the first pass)",)
+if hasattr(sys, "monitoring") and hasattr(sys.monitoring, "insert_marker"):
+    # Sightglass: a debugger's breakpoints, on lines that never run.
+    def _breakpoint_home():
+        return None
+
+    _start_markers, _stop_markers = _monitor((_E.MARKER,), _noop)
+
+    def _markers():
+        _start_markers()
+        _mon.insert_marker(_TOOL, _breakpoint_home.__code__, 2)
+
+    def _unmarkers():
+        _mon.remove_marker(_TOOL, _breakpoint_home.__code__, 2)
+        _stop_markers()
+
+    MODES["mon-markers"] = (_markers, _unmarkers,
+                            "sys.monitoring MARKER set, markers never hit")

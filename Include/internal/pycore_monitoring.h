@@ -47,7 +47,7 @@ extern "C" {
 
 /* Events that may be set for one code object (set_local_events). */
 #define _PY_MONITORING_LOCAL_EVENTS \
-    ((1 << (_PY_MONITORING_EVENT_STOP_ITERATION + 1)) - 1 \
+    (((1 << (_PY_MONITORING_EVENT_STOP_ITERATION + 1)) - 1) \
      | 1 << _PY_MONITORING_EVENT_BRANCH_LEFT \
      | 1 << _PY_MONITORING_EVENT_BRANCH_RIGHT \
      | 1 << _PY_MONITORING_EVENT_MARKER)
@@ -75,21 +75,67 @@ struct _Py_monitoring_state {
     PyObject *callbacks[_PY_MONITORING_TOOL_IDS][_PY_MONITORING_EVENTS];
 };
 
+/* Where an instruction can be told about, one DISABLE mark each: the
+   event of the instruction itself (PY_START, CALL, JUMP, ...), the three
+   branch events, and the events of any instruction. */
+enum {
+    _PY_MONITORING_SLOT_SITE,
+    _PY_MONITORING_SLOT_BRANCH,
+    _PY_MONITORING_SLOT_BRANCH_LEFT,
+    _PY_MONITORING_SLOT_BRANCH_RIGHT,
+    _PY_MONITORING_SLOT_LINE,
+    _PY_MONITORING_SLOT_INSTRUCTION,
+    _PY_MONITORING_SLOT_MARKER,
+    _PY_MONITORING_SLOTS
+};
+
+/* What monitoring knows of one code unit. */
+typedef struct {
+    /* For a unit rewritten to INSTRUMENTED_INSTRUCTION or INSTRUMENTED_JUMP:
+       its base instruction, and what INSTRUMENTED_INSTRUCTION runs after
+       its events (the generic form of the base instruction, or its
+       INSTRUMENTED_ form).  Never an adaptive or specialized form: those
+       rewrite their own unit, which would erase the instrumentation. */
+    uint8_t base;
+    uint8_t below;
+    /* _PY_MONITORING_UNIT_* flags. */
+    uint8_t flags;
+    /* The tools with a marker here. */
+    uint8_t markers;
+    /* Per slot, the tools that returned DISABLE here; an event is told here
+       while some tool has it active and has not. */
+    uint8_t disabled[_PY_MONITORING_SLOTS];
+} _PyMonitoringUnit;
+
+/* The unit starts an instruction (not an inline cache entry). */
+#define _PY_MONITORING_UNIT_START 1
+/* The instruction may take INSTRUMENTED_INSTRUCTION: it comes after the
+   code's first RESUME and is no RESUME. */
+#define _PY_MONITORING_UNIT_HOOKABLE 2
+/* A line may start here (LINE is instrumented here): the line differs
+   from the previous instruction's, or a jump or handler leads here. */
+#define _PY_MONITORING_UNIT_LINE_START 4
+
 /* What a code object knows of monitoring; allocated the first time it has
    local events or an instrumented instruction. */
 typedef struct _PyCoMonitoringData {
     /* Local events per tool, valid while local_epoch matches the tool's. */
     uint32_t local_events[_PY_MONITORING_TOOL_IDS];
     uint32_t local_epoch[_PY_MONITORING_TOOL_IDS];
-    /* The tool epochs the DISABLE marks below belong to. */
+    /* The tool epochs the DISABLE marks and markers belong to. */
     uint32_t disabled_epoch[_PY_MONITORING_TOOL_IDS];
     /* Per event, the tools active for this code when it was last brought
        up to date: the global ones and its local ones. */
     uint8_t active[_PY_MONITORING_EVENTS];
-    /* Per code unit of an event site, the tools that returned DISABLE
-       there; a site is instrumented while some active tool has not. */
-    uint8_t site_disabled[1];
+    /* Markers in the code, at most _PY_MONITORING_MAX_MARKERS. */
+    int markers;
+    /* Per code unit, its line (-1 for none, and for RESUME, after which a
+       line is always new); made the first time LINE is active here. */
+    int *lines;
+    _PyMonitoringUnit units[1];
 } _PyCoMonitoringData;
+
+#define _PY_MONITORING_MAX_MARKERS 255
 
 /* Set when an interpreter first changes its monitoring state: until then
    no code can be behind it, and the eval loop tests this flag alone. */
@@ -195,9 +241,44 @@ extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
 #define _PyMonitoring_IsInstrumentedOpcode(op) \
     ((op) == INSTRUMENTED_RESUME || (op) == INSTRUMENTED_RETURN_VALUE \
      || (op) == INSTRUMENTED_YIELD_VALUE || (op) == INSTRUMENTED_PRECALL \
-     || (op) == INSTRUMENTED_CALL || (op) == INSTRUMENTED_CALL_FUNCTION_EX)
+     || (op) == INSTRUMENTED_CALL || (op) == INSTRUMENTED_CALL_FUNCTION_EX \
+     || (op) == INSTRUMENTED_INSTRUCTION || (op) == INSTRUMENTED_JUMP)
 #define _PyMonitoring_TracingOpcode(op) \
     (_PyMonitoring_IsInstrumentedOpcode(op) ? (op) : _PyOpcode_Deopt[(op)])
+
+/* The base opcode of unit `i` of `code`, whose opcode is `op`: what
+   co_code shows there. */
+#define _PyMonitoring_Deopt(code, i, op) \
+    ((op) == INSTRUMENTED_INSTRUCTION || (op) == INSTRUMENTED_JUMP \
+     ? (code)->_co_monitoring->units[(i)].base : _PyOpcode_Deopt[(op)])
+
+/* Before an instruction on INSTRUMENTED_INSTRUCTION: delivers MARKER,
+   INSTRUCTION and LINE there.  Returns the opcode to run now, or -1 when a
+   callback raised.  frame->prev_instr is the instruction run before, and
+   is left at `instr`, unless a LINE callback set f_lineno: then it is the
+   instruction to go on with. */
+extern int _PyMonitoring_FireInstruction(PyThreadState *tstate,
+                                         struct _PyInterpreterFrame *frame,
+                                         _Py_CODEUNIT *instr);
+/* The base opcode of the INSTRUMENTED_JUMP at `instr`. */
+extern int _PyMonitoring_JumpOpcode(struct _PyInterpreterFrame *frame,
+                                    _Py_CODEUNIT *instr);
+/* The jump at `instr` goes to `dest`: JUMP, or BRANCH and BRANCH_LEFT or
+   BRANCH_RIGHT.  An exception that is set stays set. */
+extern int _PyMonitoring_FireJump(PyThreadState *tstate,
+                                  struct _PyInterpreterFrame *frame,
+                                  _Py_CODEUNIT *instr, _Py_CODEUNIT *dest);
+/* The INSTRUMENTED_JUMP at `instr` (not FOR_ITER) decides on *cond, the
+   top of the stack, and tells where it goes; returns whether it jumps, or
+   -1.  For a POP_JUMP_*_IF_TRUE/FALSE, a condition that is no bool is
+   replaced by its truth, so that the jump does not ask it again. */
+extern int _PyMonitoring_DecideJump(PyThreadState *tstate,
+                                    struct _PyInterpreterFrame *frame,
+                                    _Py_CODEUNIT *instr, int oparg,
+                                    PyObject **cond);
+/* Whether f_lineno may be set now: from a LINE callback for `frame`. */
+#define _PyMonitoring_InLineCallback(tstate, frame) \
+    ((tstate)->monitoring_line_frame == (frame))
 
 #ifdef __cplusplus
 }

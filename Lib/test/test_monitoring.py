@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 import types
 import unittest
 from test.support import script_helper
@@ -22,10 +23,6 @@ EVENT_NAMES = [
     "EXCEPTION_HANDLED", "PY_UNWIND", "PY_THROW", "RERAISE", "C_RETURN",
     "C_RAISE", "BRANCH_LEFT", "BRANCH_RIGHT", "MARKER",
 ]
-# The events of this module's tests, all of them global-capable.
-PART1 = ["PY_START", "PY_RESUME", "PY_RETURN", "PY_YIELD", "CALL",
-         "STOP_ITERATION", "RAISE", "EXCEPTION_HANDLED", "PY_UNWIND",
-         "PY_THROW", "RERAISE", "C_RETURN", "C_RAISE"]
 
 
 def offset_of(code, opname, nth=0):
@@ -190,18 +187,6 @@ class TestAPI(MonitoringTestBase, unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "code must be a code"):
             M.get_local_events(TOOL, len)
         self.assertEqual(M.get_events(TOOL), 0)
-
-    def test_undelivered_events_are_refused(self):
-        # Until they are delivered (issue #4), rather than ignored.
-        for name in ["LINE", "INSTRUCTION", "JUMP", "BRANCH", "BRANCH_LEFT",
-                     "BRANCH_RIGHT", "MARKER"]:
-            with self.assertRaises(NotImplementedError):
-                M.set_events(TOOL, getattr(E, name))
-            with self.assertRaises(NotImplementedError):
-                M.set_local_events(TOOL, self.setUp.__code__,
-                                   getattr(E, name))
-        self.assertEqual(M.get_events(TOOL), 0)
-        self.assertEqual(M.get_local_events(TOOL, self.setUp.__code__), 0)
 
     def test_c_events_come_with_call(self):
         msg = "cannot set C_RETURN or C_RAISE events independently"
@@ -1247,6 +1232,740 @@ class TestInterpreters(MonitoringTestBase, unittest.TestCase):
         self.assertNotIn("f", [e[1] for e in self.events])
 
 
+def lines_of(code, events, event="LINE"):
+    """The lines of `code` in recorded LINE events, relative to its def."""
+    return [e[2] - code.co_firstlineno for e in events
+            if e[0] == event and e[1] == code.co_name]
+
+
+def settrace_lines(func, *args):
+    """The lines sys.settrace sees func run, relative to its def."""
+    code = func.__code__
+    lines = []
+
+    def tracer(frame, event, arg):
+        if event == "line" and frame.f_code is code:
+            lines.append(frame.f_lineno - code.co_firstlineno)
+        return tracer
+    sys.settrace(tracer)
+    try:
+        func(*args)
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def loop(n):
+    t = 0
+    for i in range(n):
+        if i % 2:
+            t += i
+        else:
+            t -= 1
+    return t or None
+
+
+def handler(x):
+    try:
+        1 / x
+    except ZeroDivisionError:
+        x = 1
+    return x
+
+
+def chain(a, b):
+    x = a
+    y = b
+    if a < b:
+        x = b
+    s = ""
+    for i in range(3):
+        s += "x"
+    return x + y + len(s)
+
+
+def warm(func, *args):
+    """Call func often enough that its code is quickened and specialized."""
+    for _ in range(100):
+        func(*args)
+
+
+class TestLineEvents(MonitoringTestBase, unittest.TestCase):
+
+    def test_lines_as_settrace_sees_them(self):
+        for func, args in [(loop, (4,)), (handler, (0,)), (handler, (2,)),
+                           (chain, (1, 2)), (chain, (2, 1))]:
+            with self.subTest(func=func.__name__, args=args):
+                self.events = []
+                self.run_recorded(func, ["LINE"], *args)
+                self.assertEqual(lines_of(func.__code__, self.events),
+                                 settrace_lines(func, *args))
+                M.restart_events()
+
+    def test_line_argument_and_frame(self):
+        seen = []
+
+        def line(code, line_number):
+            frame = sys._getframe(1)
+            if code is loop.__code__:
+                seen.append((line_number, frame.f_lineno, frame.f_code))
+        M.register_callback(TOOL, E.LINE, line)
+        M.set_events(TOOL, E.LINE)
+        loop(2)
+        M.set_events(TOOL, 0)
+        self.assertTrue(seen)
+        for line_number, f_lineno, code in seen:
+            self.assertEqual(line_number, f_lineno)
+            self.assertIs(code, loop.__code__)
+
+    def test_quickened_code(self):
+        # Superinstructions (STORE_FAST__LOAD_FAST across lines 1 and 2),
+        # COMPARE_OP_INT_JUMP and BINARY_OP_INPLACE_ADD_UNICODE would skip
+        # an instrumented instruction after them.
+        warm(chain, 1, 2)
+        expected = settrace_lines(chain, 1, 2)
+        self.run_recorded(chain, ["LINE"], 1, 2)
+        self.assertEqual(lines_of(chain.__code__, self.events), expected)
+        self.assertEqual(chain(1, 2), 7)
+
+    def test_disable_and_restart(self):
+        expected = loop(4)
+        self.record(["LINE"], result=M.DISABLE)
+        loop(4)
+        loop(4)
+        once = lines_of(loop.__code__, self.events)
+        # Once per instruction that starts a line: line 2 starts at the
+        # call of range() and again at FOR_ITER, where the loop jumps.
+        self.assertEqual(set(once), set(settrace_lines(loop, 4)))
+        self.assertEqual(once.count(2), 2)
+        self.events.clear()
+        loop(4)
+        self.assertEqual(lines_of(loop.__code__, self.events), [])
+        M.restart_events()
+        loop(4)
+        self.assertEqual(lines_of(loop.__code__, self.events), once)
+        M.set_events(TOOL, 0)
+        self.assertEqual(loop(4), expected)
+
+    def test_local_lines(self):
+        self.record(["LINE"], local_code=loop.__code__)
+        loop(1)
+        handler(1)
+        M.set_local_events(TOOL, loop.__code__, 0)
+        self.assertEqual({e[1] for e in self.events}, {"loop"})
+
+    def test_generator_and_coroutine(self):
+        def gen():
+            yield 1
+            yield 2
+
+        async def coro():
+            await asyncio.sleep(0)
+            return 3
+        self.record(["LINE"])
+        try:
+            self.assertEqual(list(gen()), [1, 2])
+            self.assertEqual(asyncio.run(coro()), 3)
+        finally:
+            M.set_events(TOOL, 0)
+            asyncio.set_event_loop_policy(None)
+        self.assertEqual(lines_of(gen.__code__, self.events), [1, 2])
+        self.assertEqual(lines_of(coro.__code__, self.events), [1, 2])
+
+    def test_callback_raises(self):
+        def line(code, line_number):
+            if code is handler.__code__:
+                raise KeyError(line_number - code.co_firstlineno)
+        M.register_callback(TOOL, E.LINE, line)
+        M.set_events(TOOL, E.LINE)
+        try:
+            handler(0)
+        except KeyError as exc:
+            error = exc
+        finally:
+            M.set_events(TOOL, 0)
+        # Raised at the first line, the try, not handled by it.
+        self.assertEqual(error.args, (1,))
+        frames = traceback.extract_tb(error.__traceback__)
+        self.assertEqual(frames[-2].name, "handler")
+        self.assertEqual(frames[-2].lineno,
+                         handler.__code__.co_firstlineno + 1)
+        self.assertEqual(handler(0), 1)
+
+    def test_settrace_beside(self):
+        expected = settrace_lines(loop, 3)
+        self.record(["LINE"])
+        self.assertEqual(settrace_lines(loop, 3), expected)
+        M.set_events(TOOL, 0)
+        self.assertEqual(lines_of(loop.__code__, self.events), expected)
+
+    def test_threads(self):
+        self.record(["LINE"])
+        threads = [threading.Thread(target=loop, args=(3,))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        M.set_events(TOOL, 0)
+        self.assertEqual(lines_of(loop.__code__, self.events),
+                         settrace_lines(loop, 3) * 2)
+
+
+def jumpy(x):
+    x = 1
+    x = 2
+    x = 3
+    return x
+
+
+class TestSetLineno(MonitoringTestBase, unittest.TestCase):
+
+    def test_jump_from_line_callback(self):
+        first = jumpy.__code__.co_firstlineno
+
+        def line(code, line_number):
+            if code is jumpy.__code__ and line_number == first + 1:
+                sys._getframe(1).f_lineno = first + 3
+        M.register_callback(TOOL, E.LINE, line)
+        M.set_events(TOOL, E.LINE)
+        try:
+            self.assertEqual(jumpy(0), 3)
+        finally:
+            M.set_events(TOOL, 0)
+
+    def test_jump_refused(self):
+        errors = []
+
+        def line(code, line_number):
+            if code is loop.__code__ and line_number == code.co_firstlineno + 1:
+                try:
+                    # Into the middle of the for loop.
+                    sys._getframe(1).f_lineno = code.co_firstlineno + 3
+                except ValueError as exc:
+                    errors.append(str(exc))
+        M.register_callback(TOOL, E.LINE, line)
+        M.set_events(TOOL, E.LINE)
+        try:
+            loop(1)
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertIn("can't jump into the body of a for loop", errors)
+        self.assertEqual(loop(3), -1)
+
+    def test_jump_only_from_line(self):
+        errors = []
+
+        def start(code, offset):
+            if code is jumpy.__code__:
+                try:
+                    sys._getframe(1).f_lineno = code.co_firstlineno + 3
+                except ValueError as exc:
+                    errors.append(str(exc))
+        M.register_callback(TOOL, E.PY_START, start)
+        M.set_events(TOOL, E.PY_START)
+        try:
+            self.assertEqual(jumpy(0), 3)
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(len(errors), 1)
+        self.assertRegex(errors[0], "trace event|LINE callback")
+
+
+def straight(a):
+    b = a + 1
+    return b
+
+
+def many_constants():
+    x = 0
+    y = 1
+    return x, y
+
+
+class TestInstructionEvents(MonitoringTestBase, unittest.TestCase):
+
+    def offsets(self, code):
+        return [e[2] for e in self.events
+                if e[0] == "INSTRUCTION" and e[1] == code.co_name]
+
+    def test_every_instruction(self):
+        self.run_recorded(straight, ["INSTRUCTION"], 1)
+        expected = [i.offset for i in dis.get_instructions(straight)
+                    if i.opname != "RESUME"]
+        self.assertEqual(self.offsets(straight.__code__), expected)
+
+    def test_quickened_code(self):
+        warm(chain, 1, 2)
+        self.run_recorded(chain, ["INSTRUCTION"], 1, 2)
+        ran = set(self.offsets(chain.__code__))
+        # The instructions that specialized forms run without dispatch.
+        for name in ["CALL", "STORE_FAST", "POP_JUMP_FORWARD_IF_FALSE"]:
+            for i in dis.get_instructions(chain):
+                if i.opname == name:
+                    self.assertIn(i.offset, ran)
+        self.assertEqual(chain(1, 2), 7)
+
+    def test_extended_arg(self):
+        # Locals and constants above index 255 need EXTENDED_ARG.
+        source = "def f():\n%s    return a299\n" % "".join(
+            "    a%d = 'c%d'\n" % (i, i) for i in range(300))
+        ns = {}
+        exec(source, ns)
+        f = ns["f"]
+        self.run_recorded(f, ["INSTRUCTION"])
+        expected = [i.offset for i in dis.get_instructions(f)
+                    if i.opname != "RESUME"]
+        self.assertIn("EXTENDED_ARG", [i.opname for i in
+                                       dis.get_instructions(f)])
+        self.assertEqual(self.offsets(f.__code__), expected)
+        self.assertEqual(f(), "c299")
+
+    def test_order_at_one_instruction(self):
+        def f():
+            for i in range(1):
+                continue
+        jump = offset_of(f, "JUMP_BACKWARD")
+        M.insert_marker(TOOL, f.__code__, jump)
+        self.record(["MARKER", "INSTRUCTION", "LINE", "JUMP"])
+        f()
+        M.set_events(TOOL, 0)
+        line = f.__code__.co_firstlineno + 2
+        at_jump = [e[0] for e in self.events
+                   if e[2] == (line if e[0] == "LINE" else jump)]
+        self.assertEqual(at_jump, ["MARKER", "INSTRUCTION", "LINE", "JUMP"])
+
+    def test_toggle_line_and_instruction(self):
+        # Upstream's gh-109156 and gh-122247: LINE and INSTRUCTION on and
+        # off together, in one tool and across two.
+        M.use_tool_id(OTHER, "other")
+        expected_lines = settrace_lines(loop, 3)
+        lines = []
+        offsets = []
+        for tool in (TOOL, OTHER):
+            M.register_callback(
+                tool, E.LINE,
+                lambda code, line: code is loop.__code__ and lines.append(
+                    line - code.co_firstlineno))
+            M.register_callback(
+                tool, E.INSTRUCTION,
+                lambda code, offset: code is loop.__code__ and offsets.append(
+                    offset))
+        M.set_events(TOOL, E.INSTRUCTION)
+        loop(3)
+        M.set_events(TOOL, 0)
+        expected_offsets = offsets[:]
+        steps = [(TOOL, E.LINE), (OTHER, E.INSTRUCTION), (TOOL, 0),
+                 (TOOL, E.LINE | E.INSTRUCTION), (OTHER, 0),
+                 (OTHER, E.LINE), (TOOL, E.INSTRUCTION), (TOOL, 0),
+                 (OTHER, 0)]
+        for tool, events in steps:
+            M.set_events(tool, events)
+            lines.clear()
+            offsets.clear()
+            self.assertEqual(loop(3), -1)
+            line_tools = [t for t in (TOOL, OTHER)
+                          if M.get_events(t) & E.LINE]
+            instruction_tools = [t for t in (TOOL, OTHER)
+                                 if M.get_events(t) & E.INSTRUCTION]
+            self.assertEqual(lines, [line for line in expected_lines
+                                     for _ in line_tools])
+            self.assertEqual(offsets, [offset for offset in expected_offsets
+                                       for _ in instruction_tools])
+
+    def test_callback_raises(self):
+        def instruction(code, offset):
+            if code is straight.__code__:
+                raise KeyError(offset)
+        M.register_callback(TOOL, E.INSTRUCTION, instruction)
+        M.set_events(TOOL, E.INSTRUCTION)
+        try:
+            with self.assertRaises(KeyError) as cm:
+                straight(1)
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(cm.exception.args, (2,))
+        self.assertEqual(straight(1), 2)
+
+
+class Truth:
+    def __init__(self, value):
+        self.value = value
+        self.asked = 0
+
+    def __bool__(self):
+        self.asked += 1
+        return self.value
+
+
+class Untruthful:
+    def __bool__(self):
+        raise KeyError("bool")
+
+
+def branches(x, y):
+    if x:
+        a = 1
+    else:
+        a = 2
+    b = x or y
+    c = x and y
+    for i in range(2):
+        pass
+    while y is not None:
+        y = None
+    return a, b, c
+
+
+class TestJumpEvents(MonitoringTestBase, unittest.TestCase):
+
+    def branch_events(self, *names):
+        return [e for e in self.events if e[0] in names]
+
+    def test_jump_and_branch_arguments(self):
+        self.run_recorded(loop, ["JUMP", "BRANCH", "BRANCH_LEFT",
+                                 "BRANCH_RIGHT"], 2)
+        code = loop.__code__
+        for_iter = offset_of(code, "FOR_ITER")
+        after_loop = [i.argval for i in dis.get_instructions(code)
+                      if i.opname == "FOR_ITER"][0]
+        self.assertIn(("BRANCH", "loop", for_iter, for_iter + 2),
+                      self.events)
+        self.assertIn(("BRANCH_LEFT", "loop", for_iter, for_iter + 2),
+                      self.events)
+        self.assertIn(("BRANCH_RIGHT", "loop", for_iter, after_loop),
+                      self.events)
+        jumps = [e for e in self.events if e[0] == "JUMP"]
+        self.assertEqual(len(jumps), 2)
+        for _, _, source, dest in jumps:
+            self.assertEqual(dest, for_iter)
+        # Every BRANCH comes with its direction, and each direction with
+        # the BRANCH before it.
+        plain = [e[1:] for e in self.events if e[0] == "BRANCH"]
+        split = [e[1:] for e in self.events if e[0].startswith("BRANCH_")]
+        self.assertEqual(plain, split)
+
+    def test_directions_and_values(self):
+        targets = {i.offset: i.argval for i in dis.get_instructions(branches)}
+        for x, y in [(0, 5), (3, None), (Truth(False), Truth(True))]:
+            with self.subTest(x=x, y=y):
+                expected = branches(x, y)
+                self.events = []
+                self.record(["BRANCH_LEFT", "BRANCH_RIGHT"])
+                result = branches(x, y)
+                M.set_events(TOOL, 0)
+                self.assertEqual(result, expected)
+                self.assertGreater(len(self.events), 4)
+                for name, _, source, dest in self.events:
+                    if name == "BRANCH_LEFT":
+                        self.assertEqual(dest, source + 2)
+                    else:
+                        self.assertEqual(dest, targets[source])
+
+    def test_condition_asked_once(self):
+        for value in (True, False):
+            x = Truth(value)
+            y = Truth(not value)
+            self.run_recorded(branches, ["BRANCH"], x, y)
+            # if x, x or y, x and y: each asks x once; y never asked by a
+            # jump that is not taken on it.
+            self.assertEqual(x.asked, 3)
+            self.assertEqual(y.asked, 0)
+
+    def test_condition_raises(self):
+        self.record(["BRANCH"])
+        try:
+            with self.assertRaisesRegex(KeyError, "bool"):
+                branches(Untruthful(), 1)
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(self.events_in("branches"), [])
+
+    def test_disable_one_direction(self):
+        # gh-122548: a coverage tool disables each direction on its own.
+        self.record(["BRANCH_LEFT", "BRANCH_RIGHT"], result=M.DISABLE)
+        loop(3)
+        first = self.events_in("loop")
+        self.events.clear()
+        loop(3)
+        self.assertEqual(self.events_in("loop"), [])
+        names = [e[0] for e in first if e[2] == offset_of(loop, "FOR_ITER")]
+        self.assertEqual(names, ["BRANCH_LEFT", "BRANCH_RIGHT"])
+        M.set_events(TOOL, 0)
+
+    def test_disable_left_keeps_right(self):
+        for_iter = offset_of(loop, "FOR_ITER")
+
+        def left(code, source, dest):
+            return M.DISABLE
+        M.register_callback(TOOL, E.BRANCH_LEFT, left)
+        M.register_callback(TOOL, E.BRANCH_RIGHT,
+                            self.recorder("BRANCH_RIGHT"))
+        M.set_local_events(TOOL, loop.__code__,
+                           E.BRANCH_LEFT | E.BRANCH_RIGHT)
+        loop(3)
+        loop(3)
+        M.set_local_events(TOOL, loop.__code__, 0)
+        after_loop = [i.argval for i in dis.get_instructions(loop)
+                      if i.opname == "FOR_ITER"][0]
+        self.assertEqual([e for e in self.events if e[2] == for_iter],
+                         [("BRANCH_RIGHT", "loop", for_iter, after_loop)] * 2)
+
+    def test_for_iter_exhausted_by_error(self):
+        def failing():
+            yield 1
+            raise KeyError("iter")
+
+        def consume():
+            for item in failing():
+                pass
+        self.record(["BRANCH_LEFT", "BRANCH_RIGHT"])
+        try:
+            with self.assertRaisesRegex(KeyError, "iter"):
+                consume()
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual([e[0] for e in self.events if e[1] == "consume"],
+                         ["BRANCH_LEFT"])
+
+    def test_branch_callback_raises_at_loop_end(self):
+        def right(code, source, dest):
+            if code is loop.__code__:
+                raise KeyError("right")
+        M.register_callback(TOOL, E.BRANCH_RIGHT, right)
+        M.set_events(TOOL, E.BRANCH_RIGHT)
+        try:
+            with self.assertRaisesRegex(KeyError, "right"):
+                loop(2)
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(loop(3), -1)
+
+    def test_long_jump(self):
+        # A jump over more than 255 code units takes an EXTENDED_ARG.
+        body = "".join("        x = x + %d\n" % i for i in range(200))
+        source = "def f(x):\n    if x:\n" + body + "    return x\n"
+        ns = {}
+        exec(source, ns)
+        f = ns["f"]
+        self.run_recorded(f, ["BRANCH_RIGHT"], 0)
+        jump = [i for i in dis.get_instructions(f)
+                if i.opname.startswith("POP_JUMP")][0]
+        self.assertEqual(self.events,
+                         [("BRANCH_RIGHT", "f", jump.offset, jump.argval)])
+        self.assertEqual(f(1), 1 + sum(range(200)))
+
+
+def marked(x):
+    x += 1
+    if x > 100:
+        x = 0
+    return x
+
+
+class TestMarkers(MonitoringTestBase, unittest.TestCase):
+
+    def test_marker_fires_where_placed(self):
+        code = marked.__code__
+        where = offset_of(code, "RETURN_VALUE")
+        M.insert_marker(TOOL, code, where)
+        self.record(["MARKER"])
+        marked(1)
+        marked(2)
+        self.assertEqual(self.events, [("MARKER", "marked", where)] * 2)
+        M.remove_marker(TOOL, code, where)
+        self.events.clear()
+        marked(3)
+        self.assertEqual(self.events, [])
+        M.set_events(TOOL, 0)
+
+    def test_marker_needs_the_event(self):
+        code = marked.__code__
+        M.insert_marker(TOOL, code, offset_of(code, "RETURN_VALUE"))
+        M.register_callback(TOOL, E.MARKER, self.recorder("MARKER"))
+        marked(1)
+        self.assertEqual(self.events, [])
+        M.set_local_events(TOOL, code, E.MARKER)
+        marked(1)
+        self.assertEqual(len(self.events), 1)
+        M.set_local_events(TOOL, code, 0)
+
+    def test_marker_on_a_line_never_run(self):
+        code = marked.__code__
+        M.insert_marker(TOOL, code, offset_of(code, "LOAD_CONST", 2))
+        self.record(["MARKER"])
+        for i in range(10):
+            marked(i)
+        self.assertEqual(self.events, [])
+        marked(100)
+        self.assertEqual(len(self.events), 1)
+        M.set_events(TOOL, 0)
+
+    def test_markers_of_two_tools(self):
+        code = marked.__code__
+        where = offset_of(code, "RETURN_VALUE")
+        M.use_tool_id(OTHER, "other")
+        M.insert_marker(TOOL, code, where)
+        M.insert_marker(OTHER, code, where)
+        self.record(["MARKER"])
+        self.record(["MARKER"], tool=OTHER)
+        marked(1)
+        # Lowest tool id first.
+        self.assertEqual(len(self.events), 2)
+        M.free_tool_id(OTHER)
+        self.events.clear()
+        marked(1)
+        self.assertEqual(len(self.events), 1)
+        M.use_tool_id(OTHER, "other")
+        with self.assertRaisesRegex(ValueError, "no marker"):
+            M.remove_marker(OTHER, code, where)
+        M.set_events(TOOL, 0)
+
+    def test_disable(self):
+        code = marked.__code__
+        where = offset_of(code, "RETURN_VALUE")
+        M.insert_marker(TOOL, code, where)
+        self.record(["MARKER"], result=M.DISABLE)
+        marked(1)
+        marked(1)
+        self.assertEqual(len(self.events), 1)
+        M.restart_events()
+        marked(1)
+        self.assertEqual(len(self.events), 2)
+        M.set_events(TOOL, 0)
+
+    def test_bad_offsets(self):
+        code = marked.__code__
+        instructions = list(dis.get_instructions(code))
+        self.assertEqual(instructions[3].opname, "BINARY_OP")
+        cache = instructions[3].offset + 2
+        for offset in [1, -2, len(code.co_code), cache]:
+            with self.assertRaisesRegex(ValueError,
+                                        "not the start of an instruction"):
+                M.insert_marker(TOOL, code, offset)
+        with self.assertRaisesRegex(ValueError, "RESUME"):
+            M.insert_marker(TOOL, code, 0)
+        with self.assertRaisesRegex(TypeError, "code must be a code"):
+            M.insert_marker(TOOL, marked, 2)
+        with self.assertRaisesRegex(ValueError, "not in use"):
+            M.insert_marker(OTHER, code, 2)
+        with self.assertRaisesRegex(ValueError, "invalid tool"):
+            M.insert_marker(6, code, 2)
+        with self.assertRaisesRegex(ValueError, "no marker"):
+            M.remove_marker(TOOL, code, 2)
+
+    def test_at_most_255(self):
+        source = "def f(x):\n" + "    x += 1\n" * 100 + "    return x\n"
+        ns = {}
+        exec(source, ns)
+        code = ns["f"].__code__
+        offsets = [i.offset for i in dis.get_instructions(code)
+                   if i.opname != "RESUME"]
+        for offset in offsets[:255]:
+            M.insert_marker(TOOL, code, offset)
+        # Again at a marked place: nothing new.
+        M.insert_marker(TOOL, code, offsets[0])
+        with self.assertRaisesRegex(ValueError, "at most 255 markers"):
+            M.insert_marker(TOOL, code, offsets[255])
+        M.remove_marker(TOOL, code, offsets[0])
+        M.insert_marker(TOOL, code, offsets[255])
+        self.record(["MARKER"])
+        self.assertEqual(ns["f"](0), 100)
+        self.assertEqual(len(self.events), 255)
+        M.set_events(TOOL, 0)
+
+
+class TestLineCoverage(unittest.TestCase):
+    """Lib/linecov.py, a client of LINE and DISABLE, against trace."""
+
+    def setUp(self):
+        for tool in range(6):
+            M.free_tool_id(tool)
+
+    def test_same_lines_as_trace(self):
+        import linecov
+        import trace
+        for func, args in [(loop, (5,)), (branches, (0, 1)),
+                           (handler, (0,)), (chain, (1, 2))]:
+            code = func.__code__
+            own = range(code.co_firstlineno,
+                        max(line for *_, line in code.co_lines() if line) + 1)
+            tracer = trace.Trace(count=True, trace=False)
+            tracer.runfunc(func, *args)
+            traced = {line for (name, line) in tracer.results().counts
+                      if name == __file__ and line in own}
+            cov = linecov.LineCoverage()
+            with cov:
+                func(*args)
+            covered = {line for line in cov.lines()[__file__] if line in own}
+            self.assertTrue(traced)
+            self.assertEqual(covered, traced)
+
+    def test_upstream_test_modules(self):
+        # Programs: upstream test modules, each run in processes of its own
+        # under trace and under linecov; the module under test must show
+        # the same lines.
+        program = textwrap.dedent("""
+            import importlib, io, json, sys, unittest
+            tool, test, target = sys.argv[1:]
+            def run():
+                suite = unittest.defaultTestLoader.loadTestsFromName(test)
+                unittest.TextTestRunner(stream=io.StringIO()).run(suite)
+            if tool == "trace":
+                import trace
+                tracer = trace.Trace(count=True, trace=False)
+                tracer.runfunc(run)
+                lines = [line for (name, line) in tracer.results().counts
+                         if name == importlib.import_module(target).__file__]
+            else:
+                import linecov
+                cov = linecov.LineCoverage()
+                with cov:
+                    run()
+                lines = list(cov.lines().get(
+                    importlib.import_module(target).__file__, ()))
+            print(json.dumps(sorted(lines)))
+        """)
+        import json
+        for test, target in [("test.test_bisect", "bisect"),
+                             ("test.test_textwrap", "textwrap"),
+                             ("test.test_fnmatch", "fnmatch")]:
+            with self.subTest(test=test):
+                found = {}
+                for tool in ("trace", "linecov"):
+                    rc, out, err = script_helper.assert_python_ok(
+                        "-c", program, tool, test, target)
+                    found[tool] = json.loads(
+                        out.decode().strip().splitlines()[-1])
+                self.assertGreater(len(found["trace"]), 20)
+                self.assertEqual(found["linecov"], found["trace"])
+
+    def test_command_line(self):
+        import json
+        import os
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "prog.py")
+            output = os.path.join(tmp, "lines.json")
+            with open(script, "w") as f:
+                f.write("import sys\nif len(sys.argv) > 1:\n"
+                        "    x = 1\nelse:\n    x = 2\n")
+            script_helper.assert_python_ok("-m", "linecov", "-o", output,
+                                           script, "arg")
+            with open(output) as f:
+                lines = json.load(f)
+            self.assertEqual(lines[script], [1, 2, 3])
+
+    def test_tool_id_taken(self):
+        import linecov
+        M.use_tool_id(M.COVERAGE_ID, "someone")
+        try:
+            with self.assertRaisesRegex(ValueError, "already in use"):
+                linecov.LineCoverage().start()
+        finally:
+            M.free_tool_id(M.COVERAGE_ID)
+
+
 class TestInvisible(MonitoringTestBase, unittest.TestCase):
 
     def test_code_unchanged(self):
@@ -1259,8 +1978,10 @@ class TestInvisible(MonitoringTestBase, unittest.TestCase):
         copy = f.__code__.replace()
         before = (f.__code__.co_code, marshal.loads(marshal.dumps(f.__code__)),
                   hash(f.__code__), dis.Bytecode(f).dis())
+        M.insert_marker(TOOL, f.__code__, offset_of(f, "RETURN_VALUE"))
         self.record(["PY_START", "PY_RETURN", "CALL", "C_RETURN",
-                     "STOP_ITERATION"])
+                     "STOP_ITERATION", "LINE", "INSTRUCTION", "JUMP",
+                     "BRANCH", "BRANCH_LEFT", "BRANCH_RIGHT", "MARKER"])
         f(3)
         after = (f.__code__.co_code, marshal.loads(marshal.dumps(f.__code__)),
                  hash(f.__code__), dis.Bytecode(f).dis())
