@@ -442,27 +442,51 @@ read_varint(const unsigned char *p, int *value)
     return p + 1;
 }
 
-/* The line of each code unit, and where lines may start: where the line
-   differs from the previous instruction's, and where jumps and exception
-   handlers lead.  LINE is told there when, at run time, the line differs
-   from that of the instruction run before (3.12's rule). */
+/* Whether the instruction after `base` may run next. */
+static int
+falls_through(int base)
+{
+    switch (base) {
+        case RETURN_VALUE:
+        case RAISE_VARARGS:
+        case RERAISE:
+        case JUMP_FORWARD:
+        case JUMP_BACKWARD:
+        case JUMP_BACKWARD_NO_INTERRUPT:
+            return 0;
+        default:
+            return 1;
+    }
+}
+
+/* The line of each code unit, and where LINE is instrumented: where an
+   instruction may run after one of another line, that is after the code's
+   first RESUME, after an instruction before it that falls through to it,
+   after a jump to it, or as an exception handler.  At run time LINE is
+   told there when the line differs from that of the instruction run before
+   (3.12's rule).  A place that cannot be reached from another line is left
+   alone, so that LINE and DISABLE leave nothing behind there. */
 static int
 compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
 {
     int n = (int)Py_SIZE(code);
-    data->lines = _PyMem_OwnedCalloc(&PyCode_Type, n, sizeof(int));
-    if (data->lines == NULL) {
+    int *lines = _PyMem_OwnedCalloc(&PyCode_Type, n, sizeof(int));
+    if (lines == NULL) {
         PyErr_NoMemory();
         return -1;
     }
+    data->lines = lines;
     PyCodeAddressRange range;
     _PyCode_InitAddressRange(code, &range);
     for (int i = 0; i < n; i++) {
-        data->lines[i] = _PyCode_CheckLineNumber(
-            i * (int)sizeof(_Py_CODEUNIT), &range);
+        lines[i] = _PyCode_CheckLineNumber(i * (int)sizeof(_Py_CODEUNIT),
+                                           &range);
     }
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    /* The instruction before, in code order, RESUMEs passed over: a
+       generator resumes on the line it yielded at. */
     int previous_line = -1;
+    int previous_falls_through = 1;
     int extended = 0;
     for (int i = 0; i < n; i++) {
         if (!(data->units[i].flags & UNIT(START))) {
@@ -472,17 +496,22 @@ compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
         int oparg = extended | _Py_OPARG(instrs[i]);
         extended = base == EXTENDED_ARG ? oparg << 8 : 0;
         if (base == RESUME) {
-            data->lines[i] = -1;
+            /* After RESUME a line is always new. */
+            lines[i] = -1;
             continue;
         }
         if (!(data->units[i].flags & UNIT(HOOKABLE))) {
             continue;
         }
-        if (data->lines[i] != previous_line) {
+        if (previous_falls_through && lines[i] != previous_line) {
             mark_line_start(code, data, i);
         }
-        previous_line = data->lines[i];
-        mark_line_start(code, data, jump_target(base, i, oparg));
+        previous_line = lines[i];
+        previous_falls_through = falls_through(base);
+        int target = jump_target(base, i, oparg);
+        if (target >= 0 && target < n && lines[target] != lines[i]) {
+            mark_line_start(code, data, target);
+        }
     }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(
         code->co_exceptiontable);
@@ -916,11 +945,15 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     _PyMonitoringUnit *unit = &data->units[site];
     /* Callbacks see the frame at this instruction. */
     frame->prev_instr = instr;
-    if (deliver(tstate, code, site, EVENT(MARKER),
-                unit_tools(data, site, EVENT(MARKER)) & unit->markers,
-                NULL, NULL) < 0
-        || deliver(tstate, code, site, EVENT(INSTRUCTION),
-                   unit_tools(data, site, EVENT(INSTRUCTION)), NULL, NULL) < 0)
+    uint8_t tools = unit_tools(data, site, EVENT(MARKER)) & unit->markers;
+    if (tools && deliver(tstate, code, site, EVENT(MARKER), tools,
+                         NULL, NULL) < 0)
+    {
+        goto error;
+    }
+    tools = unit_tools(data, site, EVENT(INSTRUCTION));
+    if (tools && deliver(tstate, code, site, EVENT(INSTRUCTION), tools,
+                         NULL, NULL) < 0)
     {
         goto error;
     }
@@ -938,9 +971,11 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
             }
         }
     }
-    /* Callbacks may have changed what is here. */
+    /* Callbacks may have changed what is here: an uninstrumented form
+       runs generic this once, since a trace function may be active. */
     int op = _Py_OPCODE(*instr);
-    return op == INSTRUMENTED_INSTRUCTION ? unit->below : op;
+    return op == INSTRUMENTED_INSTRUCTION ? unit->below
+                                          : _PyMonitoring_TracingOpcode(op);
 
 error:
     frame->prev_instr = instr;

@@ -1435,10 +1435,11 @@ class TestSetLineno(MonitoringTestBase, unittest.TestCase):
             M.set_events(TOOL, 0)
 
     def test_jump_refused(self):
+        first = loop.__code__.co_firstlineno
         errors = []
 
         def line(code, line_number):
-            if code is loop.__code__ and line_number == code.co_firstlineno + 1:
+            if code is loop.__code__ and line_number == first + 1:
                 try:
                     # Into the middle of the for loop.
                     sys._getframe(1).f_lineno = code.co_firstlineno + 3
