@@ -1486,49 +1486,67 @@ monitoring_restart_events_impl(PyObject *module)
     Py_RETURN_NONE;
 }
 
-/* The instruction of `tool_id`'s marker at `offset` in `code`, checked. */
-static int
-marker_site(PyInterpreterState *interp, int tool_id, PyObject *code,
-            int offset, _PyCoMonitoringData **data)
+/* Inserts or removes the marker of `tool_id` at `offset` in `code`.  A
+   marker changes nothing but its instruction: code that is up to date is
+   brought up to date there, other code will be when it runs. */
+static PyObject *
+change_marker(int tool_id, PyObject *code, int offset, int insert)
 {
+    PyInterpreterState *interp = _PyInterpreterState_GET();
     PyCodeObject *co = check_code(code);
     if (co == NULL || check_tool(interp, tool_id, 1) < 0) {
-        return -1;
+        return NULL;
     }
-    *data = code_data(co);
-    if (*data == NULL) {
-        return -1;
+    _PyCoMonitoringData *data = code_data(co);
+    if (data == NULL) {
+        return NULL;
     }
-    forget_void_marks(interp, co, *data);
+    forget_void_marks(interp, co, data);
     int site = offset / (int)sizeof(_Py_CODEUNIT);
     if (offset < 0 || offset % sizeof(_Py_CODEUNIT) != 0
         || site >= Py_SIZE(co)
-        || !((*data)->units[site].flags & UNIT(START)))
+        || !(data->units[site].flags & UNIT(START)))
     {
         PyErr_Format(PyExc_ValueError,
                      "offset %d is not the start of an instruction", offset);
-        return -1;
+        return NULL;
     }
-    if (!((*data)->units[site].flags & UNIT(HOOKABLE))) {
+    if (!(data->units[site].flags & UNIT(HOOKABLE))) {
         PyErr_Format(PyExc_ValueError,
                      "a marker cannot be at offset %d: it must come after "
                      "the code's first RESUME, and not on a RESUME",
                      offset);
-        return -1;
+        return NULL;
     }
-    return site;
-}
-
-/* A marker changes nothing but its instruction: code that is up to date
-   is brought up to date there, other code will be when it runs. */
-static void
-update_marker_site(PyInterpreterState *interp, PyCodeObject *code,
-                   _PyCoMonitoringData *data, int site)
-{
-    if (code->_co_monitoring_version == interp->monitoring.version) {
-        quicken_now(code);
-        update_instruction(code, data, site);
+    if (PySys_Audit(insert ? "sys.monitoring.insert_marker"
+                           : "sys.monitoring.remove_marker",
+                    "iOi", tool_id, code, offset) < 0)
+    {
+        return NULL;
     }
+    _PyMonitoringUnit *unit = &data->units[site];
+    int present = (unit->markers >> tool_id) & 1;
+    if (insert == present) {
+        if (insert) {
+            Py_RETURN_NONE;
+        }
+        PyErr_Format(PyExc_ValueError, "tool %d has no marker at offset %d",
+                     tool_id, offset);
+        return NULL;
+    }
+    if (insert && data->markers >= _PY_MONITORING_MAX_MARKERS) {
+        PyErr_Format(PyExc_ValueError,
+                     "a code object can have at most %d markers",
+                     _PY_MONITORING_MAX_MARKERS);
+        return NULL;
+    }
+    unit->markers ^= 1 << tool_id;
+    data->markers += insert ? 1 : -1;
+    if (co->_co_monitoring_version == interp->monitoring.version) {
+        quicken_now(co);
+        update_instruction(co, data, site);
+    }
+    Py_RETURN_NONE;
 }
 
 /*[clinic input]
@@ -1550,31 +1568,7 @@ monitoring_insert_marker_impl(PyObject *module, int tool_id, PyObject *code,
                               int offset)
 /*[clinic end generated code: output=28b611787fd49109 input=4b93d262c5c96b98]*/
 {
-    PyInterpreterState *interp = _PyInterpreterState_GET();
-    _PyCoMonitoringData *data;
-    int site = marker_site(interp, tool_id, code, offset, &data);
-    if (site < 0) {
-        return NULL;
-    }
-    if (PySys_Audit("sys.monitoring.insert_marker", "iOi",
-                    tool_id, code, offset) < 0)
-    {
-        return NULL;
-    }
-    _PyMonitoringUnit *unit = &data->units[site];
-    if ((unit->markers >> tool_id) & 1) {
-        Py_RETURN_NONE;
-    }
-    if (data->markers >= _PY_MONITORING_MAX_MARKERS) {
-        PyErr_Format(PyExc_ValueError,
-                     "a code object can have at most %d markers",
-                     _PY_MONITORING_MAX_MARKERS);
-        return NULL;
-    }
-    unit->markers |= 1 << tool_id;
-    data->markers++;
-    update_marker_site(interp, (PyCodeObject *)code, data, site);
-    Py_RETURN_NONE;
+    return change_marker(tool_id, code, offset, 1);
 }
 
 /*[clinic input]
@@ -1593,27 +1587,7 @@ monitoring_remove_marker_impl(PyObject *module, int tool_id, PyObject *code,
                               int offset)
 /*[clinic end generated code: output=40e2e7635dd46830 input=d4b71db563837200]*/
 {
-    PyInterpreterState *interp = _PyInterpreterState_GET();
-    _PyCoMonitoringData *data;
-    int site = marker_site(interp, tool_id, code, offset, &data);
-    if (site < 0) {
-        return NULL;
-    }
-    if (PySys_Audit("sys.monitoring.remove_marker", "iOi",
-                    tool_id, code, offset) < 0)
-    {
-        return NULL;
-    }
-    _PyMonitoringUnit *unit = &data->units[site];
-    if (!((unit->markers >> tool_id) & 1)) {
-        PyErr_Format(PyExc_ValueError, "tool %d has no marker at offset %d",
-                     tool_id, offset);
-        return NULL;
-    }
-    unit->markers &= ~(1 << tool_id);
-    data->markers--;
-    update_marker_site(interp, (PyCodeObject *)code, data, site);
-    Py_RETURN_NONE;
+    return change_marker(tool_id, code, offset, 0);
 }
 
 /* sys.monitoring.Event: made on first use, since enum is costly to import

@@ -77,6 +77,15 @@ class MonitoringTestBase:
         else:
             M.set_local_events(tool, local_code, events)
 
+    def run_with_callback(self, event, callback, func, *args):
+        """func(*args) while `callback` hears of `event` in all code."""
+        M.register_callback(TOOL, event, callback)
+        M.set_events(TOOL, event)
+        try:
+            return func(*args)
+        finally:
+            M.set_events(TOOL, 0)
+
     def run_recorded(self, func, names, *args):
         self.record(names)
         try:
@@ -1376,14 +1385,10 @@ class TestLineEvents(MonitoringTestBase, unittest.TestCase):
         def line(code, line_number):
             if code is handler.__code__:
                 raise KeyError(line_number - code.co_firstlineno)
-        M.register_callback(TOOL, E.LINE, line)
-        M.set_events(TOOL, E.LINE)
         try:
-            handler(0)
+            self.run_with_callback(E.LINE, line, handler, 0)
         except KeyError as exc:
             error = exc
-        finally:
-            M.set_events(TOOL, 0)
         # Raised at the first line, the try, not handled by it.
         self.assertEqual(error.args, (1,))
         frames = traceback.extract_tb(error.__traceback__)
@@ -1427,12 +1432,7 @@ class TestSetLineno(MonitoringTestBase, unittest.TestCase):
         def line(code, line_number):
             if code is jumpy.__code__ and line_number == first + 1:
                 sys._getframe(1).f_lineno = first + 3
-        M.register_callback(TOOL, E.LINE, line)
-        M.set_events(TOOL, E.LINE)
-        try:
-            self.assertEqual(jumpy(0), 3)
-        finally:
-            M.set_events(TOOL, 0)
+        self.assertEqual(self.run_with_callback(E.LINE, line, jumpy, 0), 3)
 
     def test_jump_refused(self):
         first = loop.__code__.co_firstlineno
@@ -1445,12 +1445,7 @@ class TestSetLineno(MonitoringTestBase, unittest.TestCase):
                     sys._getframe(1).f_lineno = code.co_firstlineno + 3
                 except ValueError as exc:
                     errors.append(str(exc))
-        M.register_callback(TOOL, E.LINE, line)
-        M.set_events(TOOL, E.LINE)
-        try:
-            loop(1)
-        finally:
-            M.set_events(TOOL, 0)
+        self.run_with_callback(E.LINE, line, loop, 1)
         self.assertIn("can't jump into the body of a for loop", errors)
         self.assertEqual(loop(3), -1)
 
@@ -1463,12 +1458,8 @@ class TestSetLineno(MonitoringTestBase, unittest.TestCase):
                     sys._getframe(1).f_lineno = code.co_firstlineno + 3
                 except ValueError as exc:
                     errors.append(str(exc))
-        M.register_callback(TOOL, E.PY_START, start)
-        M.set_events(TOOL, E.PY_START)
-        try:
-            self.assertEqual(jumpy(0), 3)
-        finally:
-            M.set_events(TOOL, 0)
+        self.assertEqual(
+            self.run_with_callback(E.PY_START, start, jumpy, 0), 3)
         self.assertEqual(len(errors), 1)
         self.assertRegex(errors[0], "trace event|LINE callback")
 
@@ -1578,13 +1569,8 @@ class TestInstructionEvents(MonitoringTestBase, unittest.TestCase):
         def instruction(code, offset):
             if code is straight.__code__:
                 raise KeyError(offset)
-        M.register_callback(TOOL, E.INSTRUCTION, instruction)
-        M.set_events(TOOL, E.INSTRUCTION)
-        try:
-            with self.assertRaises(KeyError) as cm:
-                straight(1)
-        finally:
-            M.set_events(TOOL, 0)
+        with self.assertRaises(KeyError) as cm:
+            self.run_with_callback(E.INSTRUCTION, instruction, straight, 1)
         self.assertEqual(cm.exception.args, (2,))
         self.assertEqual(straight(1), 2)
 
@@ -1733,13 +1719,8 @@ class TestJumpEvents(MonitoringTestBase, unittest.TestCase):
         def right(code, source, dest):
             if code is loop.__code__:
                 raise KeyError("right")
-        M.register_callback(TOOL, E.BRANCH_RIGHT, right)
-        M.set_events(TOOL, E.BRANCH_RIGHT)
-        try:
-            with self.assertRaisesRegex(KeyError, "right"):
-                loop(2)
-        finally:
-            M.set_events(TOOL, 0)
+        with self.assertRaisesRegex(KeyError, "right"):
+            self.run_with_callback(E.BRANCH_RIGHT, right, loop, 2)
         self.assertEqual(loop(3), -1)
 
     def test_long_jump(self):
