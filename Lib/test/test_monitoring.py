@@ -1513,6 +1513,30 @@ class TestInstructionEvents(MonitoringTestBase, unittest.TestCase):
         self.assertEqual(self.offsets(f.__code__), expected)
         self.assertEqual(f(), "c299")
 
+    def test_settrace_opcodes_beside(self):
+        # A trace function's line and opcode events are those of 3.11.
+        def traced():
+            seen = []
+
+            def tracer(frame, event, arg):
+                if frame.f_code is straight.__code__:
+                    frame.f_trace_opcodes = True
+                    seen.append((event, frame.f_lasti))
+                return tracer
+            sys.settrace(tracer)
+            try:
+                straight(1)
+            finally:
+                sys.settrace(None)
+            return seen
+        expected = traced()
+        self.record(["INSTRUCTION", "LINE"])
+        got = traced()
+        M.set_events(TOOL, 0)
+        self.assertIn(("opcode", 2), expected)
+        self.assertEqual(got, expected)
+        self.assertTrue(self.events_in("straight"))
+
     def test_order_at_one_instruction(self):
         def f():
             for i in range(1):
