@@ -36,14 +36,14 @@ class LineCoverage:
 
     def __init__(self, tool_id=_monitoring.COVERAGE_ID):
         self.tool_id = tool_id
-        self._lines = {}      # code object -> set of line numbers
+        self._lines = {}      # filename -> set of line numbers
         self._started = False
 
     def _line(self, code, line):
         try:
-            self._lines[code].add(line)
+            self._lines[code.co_filename].add(line)
         except KeyError:
-            self._lines[code] = {line}
+            self._lines[code.co_filename] = {line}
         return _monitoring.DISABLE
 
     def start(self):
@@ -77,10 +77,7 @@ class LineCoverage:
 
     def lines(self):
         """Return {filename: set of line numbers that ran}."""
-        result = {}
-        for code, lines in self._lines.items():
-            result.setdefault(code.co_filename, set()).update(lines)
-        return result
+        return {name: set(lines) for name, lines in self._lines.items()}
 
 
 def _run(argv):
