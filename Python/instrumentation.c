@@ -288,9 +288,12 @@ set_plain(_Py_CODEUNIT *instr, int base)
 static void
 keep_from_skipping(PyCodeObject *code, int p, int i)
 {
+    if (p < 0 || i >= Py_SIZE(code)) {
+        return;
+    }
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
     int op = _Py_OPCODE(instrs[p]);
-    if (p < 0 || i >= Py_SIZE(code) || _PyMonitoring_IsInstrumentedOpcode(op)) {
+    if (_PyMonitoring_IsInstrumentedOpcode(op)) {
         return;
     }
     if (!_PyMonitoring_IsInstrumentedOpcode(_Py_OPCODE(instrs[i]))) {
