@@ -180,6 +180,18 @@ previous_instruction(_PyCoMonitoringData *data, int i)
     return i;
 }
 
+/* The PRECALL of the CALL at `call`: the instruction before it,
+   EXTENDED_ARGs skipped; -1 in bytecode not made by the compiler. */
+static int
+precall_of_call(PyCodeObject *code, _PyCoMonitoringData *data, int call)
+{
+    int i = previous_instruction(data, call);
+    while (i >= 0 && unit_base(code, i) == EXTENDED_ARG) {
+        i = previous_instruction(data, i);
+    }
+    return i >= 0 && unit_base(code, i) == PRECALL ? i : -1;
+}
+
 /* The tools to tell of `event` at unit `i`. */
 static uint8_t
 unit_tools(_PyCoMonitoringData *data, int i, int event)
@@ -331,7 +343,8 @@ keep_from_skipping(PyCodeObject *code, int p, int i)
 /* Brings the instruction at `i` to what the tools want there:
    INSTRUMENTED_INSTRUCTION for the events before it, over the
    INSTRUMENTED_ form for its own events, over its plain form.  A plain
-   form that stays keeps its specialization. */
+   form that stays keeps its specialization.  A CALL brings its PRECALL
+   along, whose form follows the CALL's events. */
 static void
 update_instruction(PyCodeObject *code, _PyCoMonitoringData *data, int i)
 {
@@ -354,6 +367,12 @@ update_instruction(PyCodeObject *code, _PyCoMonitoringData *data, int i)
     }
     keep_from_skipping(code, previous_instruction(data, i), i);
     keep_from_skipping(code, i, i + 1 + _PyOpcode_Caches[base]);
+    if (base == CALL) {
+        int precall = precall_of_call(code, data, i);
+        if (precall >= 0) {
+            update_instruction(code, data, precall);
+        }
+    }
 }
 
 /* The local events `tool` has in the code of `data`: none once the tool
@@ -645,13 +664,6 @@ disable_site(PyCodeObject *code, int site, int event, int tool)
     assert(data != NULL);
     data->units[site].disabled[event_slot(event)] |= 1 << tool;
     update_instruction(code, data, site);
-    if (unit_base(code, site) == CALL) {
-        int precall = previous_instruction(data, site);
-        while (unit_base(code, precall) == EXTENDED_ARG) {
-            precall = previous_instruction(data, precall);
-        }
-        update_instruction(code, data, precall);
-    }
 }
 
 
@@ -960,7 +972,7 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     {
         goto error;
     }
-    if ((unit->flags & UNIT(LINE_START)) && data->lines != NULL) {
+    if (unit->flags & UNIT(LINE_START)) {
         int previous_line = previous >= 0 && previous < Py_SIZE(code)
                             ? data->lines[previous] : -1;
         if (data->lines[site] != previous_line) {

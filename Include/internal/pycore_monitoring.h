@@ -112,8 +112,9 @@ typedef struct {
 /* The instruction may take INSTRUMENTED_INSTRUCTION: it comes after the
    code's first RESUME and is no RESUME. */
 #define _PY_MONITORING_UNIT_HOOKABLE 2
-/* A line may start here (LINE is instrumented here): the line differs
-   from the previous instruction's, or a jump or handler leads here. */
+/* LINE is instrumented here: an instruction of another line may run just
+   before (the code's start, a predecessor that falls through, a jump, an
+   exception handler).  Set only once `lines` is made. */
 #define _PY_MONITORING_UNIT_LINE_START 4
 
 /* What a code object knows of monitoring; allocated the first time it has
