@@ -18,7 +18,7 @@
 
 #define RELAXED memory_order_relaxed
 
-struct _Py_memtrack_locked _Py_memtrack = {0, 0, {0}};
+struct _Py_memtrack_locked _Py_memtrack;
 
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
@@ -160,6 +160,7 @@ type_tally(PyTypeObject *type, int create)
     _Py_memtally *t = (_Py_memtally *)type->tp_cache;
     if (t == NULL && create && (t = new_tally()) != NULL) {
         t->type = type;
+        t->object_offset = _PyType_PreHeaderSize(type);
         type->tp_cache = (PyObject *)t;
     }
     return t;
@@ -207,6 +208,12 @@ unclaim(_Py_memtally *t, Py_ssize_t size)
     }
 }
 
+void
+_PyMemTrack_UnclaimChecked(_Py_memtally *t, Py_ssize_t size)
+{
+    unclaim(t, size);
+}
+
 
 /* --- objects ------------------------------------------------------------- */
 
@@ -214,6 +221,19 @@ static inline void *
 object_block(PyObject *op, PyTypeObject *type)
 {
     return (char *)op - _PyType_PreHeaderSize(type);
+}
+
+/* What a tally claims for an object in block: what the allocator reserved,
+   which the type may already have told.  (A tuple's length would not do:
+   _PyTuple_Resize() may shrink it in place.) */
+static Py_ssize_t
+claimed_size(_Py_memtally *t, void *block)
+{
+    if (t->object_block != 0) {
+        assert(t->object_block == (Py_ssize_t)_PyMem_ReservedSize(block));
+        return t->object_block;
+    }
+    return _PyMem_ReservedSize(block);
 }
 
 void
@@ -224,26 +244,38 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
     if (t == NULL) {
         return;
     }
-    size_t size = _PyMem_ReservedSize(object_block(op, type));
-    claim(t, size);
+    /* A static type's tally can be older than PyType_Ready(), which may
+       still have added Py_TPFLAGS_HAVE_GC. */
+    t->object_offset = _PyType_PreHeaderSize(type);
+    void *block = object_block(op, type);
+    claim(t, claimed_size(t, block));
     /* Objects of a type without items are all alike, but for str. */
-    if (type->tp_itemsize == 0
-        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS)
-        && size == _PyMem_ReservedSizeFor(type->tp_basicsize
-                                          + _PyType_PreHeaderSize(type)))
+    if (t->object_block == 0
+        && type->tp_itemsize == 0
+        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS))
     {
-        t->object_block = size;
+        size_t size = _PyMem_ReservedSize(block);
+        if (size == _PyMem_ReservedSizeFor(type->tp_basicsize
+                                           + t->object_offset))
+        {
+            t->object_block = size;
+        }
     }
 }
 
 void
-_PyMemTrack_ForgetObjectSlow(PyObject *op)
+_PyMemTrack_ForgetKept(_Py_memtally *t, void *block)
+{
+    if (t != NULL) {
+        unclaim(t, claimed_size(t, block));
+    }
+}
+
+void
+_PyMemTrack_ForgetObject(PyObject *op)
 {
     PyTypeObject *type = Py_TYPE(op);
-    _Py_memtally *t = type_tally(type, 0);
-    if (t != NULL) {
-        unclaim(t, _PyMem_ReservedSize(object_block(op, type)));
-    }
+    _PyMemTrack_ForgetKept(type_tally(type, 0), object_block(op, type));
 }
 
 void
@@ -251,13 +283,28 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
 {
     /* __class__ assignment keeps the layout, hence the block. */
     PyTypeObject *to = Py_TYPE(op);
-    Py_ssize_t size = _PyMem_ReservedSize(object_block(op, to));
+    void *block = object_block(op, to);
     _Py_memtally *old = type_tally(from, 0);
     _Py_memtally *new = type_tally(to, 1);
     if (old != NULL && new != NULL) {
-        unclaim(old, size);
-        claim(new, size);
+        unclaim(old, claimed_size(old, block));
+        claim(new, claimed_size(new, block));
+        if (block == _Py_memtrack.dying_block) {
+            _Py_memtrack.dying_tally = new;     /* a finalizer did it */
+        }
     }
+}
+
+
+/* What the allocator reserved for a live block: known without asking it
+   when the block is the one it handed out last. */
+static Py_ssize_t
+block_size(void *ptr)
+{
+    if (ptr == _Py_memtrack.last_block) {
+        return _Py_memtrack.last_size;
+    }
+    return _PyMem_ReservedSize(ptr);
 }
 
 
@@ -268,7 +315,7 @@ _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = type_tally(owner, 1);
     if (t != NULL) {
-        claim(t, _PyMem_ReservedSize(ptr));
+        claim(t, block_size(ptr));
     }
 }
 
@@ -327,9 +374,8 @@ _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    if (ptr != NULL) {
-        _PyMemTrack_UnclaimBlock(owner, ptr);
-    }
+    /* The allocator gives the block back from the tally. */
+    _Py_memtrack.free_to = type_tally(owner, 0);
     PyMem_Free(ptr);
 }
 
@@ -401,7 +447,7 @@ PyObject_TrackedMalloc(const char *what, size_t nbytes)
     void *ptr = PyObject_Malloc(nbytes);
     _Py_memtally *t;
     if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        claim(t, _PyMem_ReservedSize(ptr));
+        claim(t, block_size(ptr));
     }
     return ptr;
 }

@@ -185,6 +185,53 @@ class MemtrackTests(unittest.TestCase):
         saved.clear()       # finalizers run once: now they go for good
         self.assertNotIn(Phoenix, sys.type_memory_usage(by_type=True))
 
+    def test_trashcan(self):
+        # Deleting a long chain defers most deallocations (the trashcan);
+        # a deferred finalizer may still assign __class__.  In a process
+        # of its own: in regrtest's, this chain did not reach the
+        # deferred path (not looked into further).
+        code = """if 1:
+            import sys
+            class Link:
+                __slots__ = ("next",)
+                def __del__(self):
+                    self.__class__ = Spent
+            class Spent(Link):
+                __slots__ = ()
+            head = None
+            for _ in range(10_000):
+                link = Link()
+                link.next, head = head, link
+            del link
+            print(sys.type_memory_usage(by_type=True)[Link])
+            del head
+            usage = sys.type_memory_usage(by_type=True)
+            print(usage.get(Link, 0), usage.get(Spent, 0))
+        """
+        res = script_helper.assert_python_ok("-c", code)
+        alive, dead = res.out.decode().splitlines()
+        self.assertGreater(int(alive), 0)
+        self.assertEqual(dead, "0 0")
+
+    def test_free_list_reuse(self):
+        # Floats, tuples and lists are kept for reuse when they die: kept
+        # blocks are anonymous, and taken up again by the next object.
+        for make, name in ((lambda i: i + 0.5, "float"),
+                           (lambda i: (i, i), "tuple"),
+                           (lambda i: [], "list")):
+            with self.subTest(name):
+                objs = [None] * 50
+                before = sys.type_allocation_counts().get(name, 0)
+                for _ in range(3):
+                    for i in range(50):
+                        objs[i] = make(i)
+                    counts = sys.type_allocation_counts()
+                    self.assertEqual(counts[name] - before, 50)
+                    del counts
+                    objs[:] = [None] * 50
+                    self.assertEqual(
+                        sys.type_allocation_counts().get(name, 0), before)
+
     def test_list_items_count_under_list(self):
         before = sys.type_memory_usage()["list"]
         big = [None] * 10**6
