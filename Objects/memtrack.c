@@ -19,6 +19,8 @@
 #define RELAXED memory_order_relaxed
 
 struct _Py_memtrack_locked _Py_memtrack;
+_Thread_local void *_Py_memtrack_dying_block;
+_Thread_local _Py_memtally *_Py_memtrack_dying_tally;
 
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
@@ -289,8 +291,8 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
     if (old != NULL && new != NULL) {
         unclaim(old, claimed_size(old, block));
         claim(new, claimed_size(new, block));
-        if (block == _Py_memtrack.dying_block) {
-            _Py_memtrack.dying_tally = new;     /* a finalizer did it */
+        if (block == _Py_memtrack_dying_block) {
+            _Py_memtrack_dying_tally = new;     /* a finalizer did it */
         }
     }
 }

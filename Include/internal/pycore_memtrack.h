@@ -57,22 +57,24 @@ typedef struct _Py_memtally {
    tally has claimed of the bytes. */
 struct _Py_memtrack_locked {
     Py_ssize_t bytes;
-    /* The block of the object being deallocated, NULL once it is freed. */
-    void *dying_block;
     /* The block handed out last... */
     void *last_block;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
     Py_ssize_t blocks;
-    /* ...the tally the dying block counts under... */
-    _Py_memtally *dying_tally;
     /* ...the size of the block handed out last... */
     Py_ssize_t last_size;
     /* ...and the tally a block being freed comes back from, set only while
-       the allocator frees the dying block. */
+       the allocator frees it. */
     _Py_memtally *free_to;
 };
 extern struct _Py_memtrack_locked _Py_memtrack;
+
+/* The object being deallocated: its block, NULL once freed, and the tally
+   it counts under.  Per thread, since a finalizer can let another thread
+   run in the middle of a deallocation. */
+extern _Thread_local void *_Py_memtrack_dying_block;
+extern _Thread_local _Py_memtally *_Py_memtrack_dying_tally;
 
 extern void _PyMemTrack_NotePeak(void);
 extern void _PyMemTrack_UnclaimChecked(_Py_memtally *t, Py_ssize_t size);
@@ -119,10 +121,10 @@ _PyMemTrack_Free(size_t size)
 static inline void
 _PyMemTrack_BeforeFree(void *ptr)
 {
-    if (ptr == _Py_memtrack.dying_block && ptr != NULL) {
-        _Py_memtally *t = _Py_memtrack.dying_tally;
+    if (ptr == _Py_memtrack_dying_block && ptr != NULL) {
+        _Py_memtally *t = _Py_memtrack_dying_tally;
         Py_ssize_t size = t->object_block;
-        _Py_memtrack.dying_block = NULL;
+        _Py_memtrack_dying_block = NULL;
         if (size == 0) {
             _Py_memtrack.free_to = t;       /* the allocator knows it */
         }
@@ -197,17 +199,17 @@ _PyMemTrack_Dealloc(PyObject *op, destructor dealloc)
         return;
     }
     void *block = (char *)op - t->object_offset;
-    void *outer_block = _Py_memtrack.dying_block;
-    _Py_memtally *outer_tally = _Py_memtrack.dying_tally;
-    _Py_memtrack.dying_block = block;
-    _Py_memtrack.dying_tally = t;
+    void *outer_block = _Py_memtrack_dying_block;
+    _Py_memtally *outer_tally = _Py_memtrack_dying_tally;
+    _Py_memtrack_dying_block = block;
+    _Py_memtrack_dying_tally = t;
     (*dealloc)(op);
-    if (_Py_memtrack.dying_block == block) {
+    if (_Py_memtrack_dying_block == block) {
         /* The tally read now: a finalizer may have assigned __class__. */
-        _PyMemTrack_ForgetKept(_Py_memtrack.dying_tally, block);
+        _PyMemTrack_ForgetKept(_Py_memtrack_dying_tally, block);
     }
-    _Py_memtrack.dying_block = outer_block;
-    _Py_memtrack.dying_tally = outer_tally;
+    _Py_memtrack_dying_block = outer_block;
+    _Py_memtrack_dying_tally = outer_tally;
 }
 
 extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);

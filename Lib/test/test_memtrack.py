@@ -9,6 +9,7 @@ import gc
 import struct
 import sys
 import threading
+import time
 import unittest
 from test.support import import_helper, script_helper
 
@@ -409,6 +410,27 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(total - sys.total_memory_used(),
                          4096 - pymalloc_block(sys.getsizeof(total)))
         self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
+
+    def test_finalizers_switching_threads(self):
+        # A finalizer lets other threads run in the middle of a
+        # deallocation: each thread's deallocation stays its own.
+        class Slow:
+            __slots__ = ("pad",)
+
+            def __del__(self):
+                time.sleep(0)
+
+        def work():
+            for _ in range(2000):
+                Slow()
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        usage = sys.type_memory_usage(by_type=True)
+        self.assertNotIn(Slow, usage)
+        self.assertGreaterEqual(min(usage.values()), 0)
 
     def test_threads(self):
         stop = threading.Event()
