@@ -192,30 +192,6 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     free_tallies = t;
 }
 
-static inline void
-claim(_Py_memtally *t, Py_ssize_t size)
-{
-    t->bytes += size;
-    t->blocks++;
-}
-
-static inline void
-unclaim(_Py_memtally *t, Py_ssize_t size)
-{
-    /* A block must be given back by the tally that claimed it. */
-    assert(t->bytes >= size && t->blocks > 0);
-    if (t->bytes >= size && t->blocks > 0) {
-        t->bytes -= size;
-        t->blocks--;
-    }
-}
-
-void
-_PyMemTrack_UnclaimChecked(_Py_memtally *t, Py_ssize_t size)
-{
-    unclaim(t, size);
-}
-
 
 /* --- objects ------------------------------------------------------------- */
 
@@ -249,19 +225,16 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
     /* A static type's tally can be older than PyType_Ready(), which may
        still have added Py_TPFLAGS_HAVE_GC. */
     t->object_offset = _PyType_PreHeaderSize(type);
-    void *block = object_block(op, type);
-    claim(t, claimed_size(t, block));
+    Py_ssize_t size = claimed_size(t, object_block(op, type));
+    _PyMemTrack_Claim(t, size);
     /* Objects of a type without items are all alike, but for str. */
     if (t->object_block == 0
         && type->tp_itemsize == 0
-        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS))
+        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS)
+        && (size_t)size == _PyMem_ReservedSizeFor(type->tp_basicsize
+                                                  + t->object_offset))
     {
-        size_t size = _PyMem_ReservedSize(block);
-        if (size == _PyMem_ReservedSizeFor(type->tp_basicsize
-                                           + t->object_offset))
-        {
-            t->object_block = size;
-        }
+        t->object_block = size;
     }
 }
 
@@ -269,7 +242,7 @@ void
 _PyMemTrack_ForgetKept(_Py_memtally *t, void *block)
 {
     if (t != NULL) {
-        unclaim(t, claimed_size(t, block));
+        _PyMemTrack_Unclaim(t, claimed_size(t, block));
     }
 }
 
@@ -289,8 +262,8 @@ _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
     _Py_memtally *old = type_tally(from, 0);
     _Py_memtally *new = type_tally(to, 1);
     if (old != NULL && new != NULL) {
-        unclaim(old, claimed_size(old, block));
-        claim(new, claimed_size(new, block));
+        _PyMemTrack_Unclaim(old, claimed_size(old, block));
+        _PyMemTrack_Claim(new, claimed_size(new, block));
         if (block == _Py_memtrack_dying_block) {
             _Py_memtrack_dying_tally = new;     /* a finalizer did it */
         }
@@ -317,7 +290,7 @@ _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = type_tally(owner, 1);
     if (t != NULL) {
-        claim(t, block_size(ptr));
+        _PyMemTrack_Claim(t, block_size(ptr));
     }
 }
 
@@ -326,7 +299,7 @@ _PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = type_tally(owner, 0);
     if (t != NULL) {
-        unclaim(t, _PyMem_ReservedSize(ptr));
+        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
     }
 }
 
@@ -449,7 +422,7 @@ PyObject_TrackedMalloc(const char *what, size_t nbytes)
     void *ptr = PyObject_Malloc(nbytes);
     _Py_memtally *t;
     if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        claim(t, block_size(ptr));
+        _PyMemTrack_Claim(t, block_size(ptr));
     }
     return ptr;
 }
@@ -459,11 +432,11 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 {
     _Py_memtally *t = named_tally(what);
     if (ptr != NULL && t != NULL) {
-        unclaim(t, _PyMem_ReservedSize(ptr));
+        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
     }
     void *new = PyObject_Realloc(ptr, nbytes);
     if (t != NULL && (new != NULL || ptr != NULL)) {
-        claim(t, _PyMem_ReservedSize(new != NULL ? new : ptr));
+        _PyMemTrack_Claim(t, _PyMem_ReservedSize(new != NULL ? new : ptr));
     }
     return new;
 }
@@ -473,7 +446,7 @@ PyObject_TrackedFree(const char *what, void *ptr)
 {
     _Py_memtally *t;
     if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        unclaim(t, _PyMem_ReservedSize(ptr));
+        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
     }
     PyObject_Free(ptr);
 }

@@ -77,7 +77,24 @@ extern _Thread_local void *_Py_memtrack_dying_block;
 extern _Thread_local _Py_memtally *_Py_memtrack_dying_tally;
 
 extern void _PyMemTrack_NotePeak(void);
-extern void _PyMemTrack_UnclaimChecked(_Py_memtally *t, Py_ssize_t size);
+
+static inline void
+_PyMemTrack_Claim(_Py_memtally *t, Py_ssize_t size)
+{
+    t->bytes += size;
+    t->blocks++;
+}
+
+static inline void
+_PyMemTrack_Unclaim(_Py_memtally *t, Py_ssize_t size)
+{
+    /* A block must be given back by the tally that claimed it. */
+    assert(t->bytes >= size && t->blocks > 0);
+    if (t->bytes >= size && t->blocks > 0) {
+        t->bytes -= size;
+        t->blocks--;
+    }
+}
 
 /* Called by the base allocators (obmalloc.c) for every block of the mem
    and object domains. */
@@ -103,13 +120,7 @@ _PyMemTrack_Free(size_t size)
     _Py_memtally *t = _Py_memtrack.free_to;
     if (t != NULL) {
         _Py_memtrack.free_to = NULL;
-        if (t->bytes >= (Py_ssize_t)size && t->blocks > 0) {
-            t->bytes -= (Py_ssize_t)size;
-            t->blocks--;
-        }
-        else {
-            _PyMemTrack_UnclaimChecked(t, (Py_ssize_t)size);
-        }
+        _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
     }
 }
 
@@ -128,12 +139,8 @@ _PyMemTrack_BeforeFree(void *ptr)
         if (size == 0) {
             _Py_memtrack.free_to = t;       /* the allocator knows it */
         }
-        else if (t->bytes >= size && t->blocks > 0) {
-            t->bytes -= size;
-            t->blocks--;
-        }
         else {
-            _PyMemTrack_UnclaimChecked(t, size);
+            _PyMemTrack_Unclaim(t, size);
         }
     }
 }
@@ -143,9 +150,6 @@ _PyMemTrack_AfterFree(void)
 {
     _Py_memtrack.free_to = NULL;
 }
-
-extern void _PyMemTrack_AllocRaw(size_t size);
-extern void _PyMemTrack_FreeRaw(size_t size);
 
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);
@@ -178,8 +182,7 @@ _PyMemTrack_NewObject(PyObject *op)
             size = _Py_memtrack.last_size;
         }
         if (size != 0) {
-            t->bytes += size;
-            t->blocks++;
+            _PyMemTrack_Claim(t, size);
             return;
         }
     }
