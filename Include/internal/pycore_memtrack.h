@@ -218,18 +218,21 @@ _PyMemTrack_Dealloc(PyObject *op, destructor dealloc)
 extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
-/* A block of the mem or object domain that an object of `owner` owns. */
-extern void _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
+/* A block of the mem or object domain that an object of `owner` owns.
+   These and the _PyMem_Owned functions are exported for the array
+   module. */
+PyAPI_FUNC(void) _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
                                   void *ptr);
 
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
-extern void *_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size);
-extern void *_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
-                                size_t elsize);
-extern void *_PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size);
-extern void _PyMem_OwnedFree(PyTypeObject *owner, void *ptr);
+PyAPI_FUNC(void *) _PyMem_OwnedMalloc(PyTypeObject *owner, size_t size);
+PyAPI_FUNC(void *) _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
+                                       size_t elsize);
+PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
+                                        size_t size);
+PyAPI_FUNC(void) _PyMem_OwnedFree(PyTypeObject *owner, void *ptr);
 
 /* For sys: totals, peak, and the tags as a dict. */
 extern Py_ssize_t _PyMemTrack_TotalBytes(void);

@@ -20,21 +20,34 @@ POINTER = struct.calcsize("P")
 GC_HEAD = 2 * POINTER
 MANAGED_DICT = 1 << 4           # Py_TPFLAGS_MANAGED_DICT
 N = 10_000
-# Debug hooks (a debug build's default) add 3 size_t to each block.
 _testcapi = import_helper.import_module("_testcapi")
-HOOKS = (3 * POINTER
-         if _testcapi.pymem_getallocatorsname().endswith("debug") else 0)
+ALLOCATOR = _testcapi.pymem_getallocatorsname()
+# Debug hooks (a debug build's default) add 3 size_t to each block.
+HOOKS = 3 * POINTER if ALLOCATOR.endswith("debug") else 0
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.malloc_usable_size.restype = ctypes.c_size_t
+libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
+libc.free.argtypes = [ctypes.c_void_p]
 
 
-def pymalloc_block(nbytes):
-    """What pymalloc reserves for a request of nbytes (<= 512)."""
-    return (nbytes + HOOKS + 15) // 16 * 16
+def block_size(nbytes):
+    """What the allocator reserves for a request of nbytes."""
+    nbytes += HOOKS
+    if ALLOCATOR.startswith("pymalloc") and nbytes <= 512:
+        return (nbytes + 15) // 16 * 16
+    probe = libc.malloc(nbytes)     # malloc's sizes depend on nothing else
+    try:
+        return libc.malloc_usable_size(probe)
+    finally:
+        libc.free(probe)
 
 
 def instance_block(cls):
     """The block an instance of a plain class occupies, headers included."""
     pre = GC_HEAD + (2 * POINTER if cls.__flags__ & MANAGED_DICT else 0)
-    return pymalloc_block(cls.__basicsize__ + pre)
+    return block_size(cls.__basicsize__ + pre)
 
 
 def delta(before, after):
@@ -81,7 +94,7 @@ class MemtrackTests(unittest.TestCase):
             total = sys.total_memory_used()
             usage = sys.type_memory_usage()
             self.assertEqual(sum(usage.values()),
-                             total + pymalloc_block(sys.getsizeof(total)))
+                             total + block_size(sys.getsizeof(total)))
             blocks = sys.total_allocation_count()
             counts = sys.type_allocation_counts()
             self.assertEqual(sum(counts.values()), blocks + 1)
@@ -292,6 +305,115 @@ class MemtrackTests(unittest.TestCase):
         self.assertLess(usage.get("set", 0) - before[0], 4096)
         self.assertEqual(usage.get("frozenset", 0), before[1])
 
+    def test_array_items_count_under_array(self):
+        array = import_helper.import_module("array")
+        n = 100_000
+        self.check_owned(lambda: array.array("d", range(n)), "array", n * 8)
+        self.check_owned(lambda: array.array("u", "x" * n), "array", n * 2)
+
+        class Sub(array.array):
+            pass
+
+        class Other(array.array):
+            pass
+        self.check_owned(lambda: Sub("q", range(n)), "array", n * 8)
+        before = sys.type_memory_usage().get("array", 0)
+        a = Sub("b", bytes(n))
+        a.__class__ = Other         # the items stay with array.array
+        a.extend(a)
+        self.assertGreaterEqual(sys.type_memory_usage()["array"] - before,
+                                2 * n)
+        del a[n // 2:]
+        a.frombytes(bytes(n))
+        del a[:]
+        del a
+        self.assertLessEqual(sys.type_memory_usage().get("array", 0), before)
+
+    def test_code_line_tables_count_under_code(self):
+        # Tracing makes each code object it runs build its line array.
+        src = "def f():\n" + "    x = 1\n" * 2000
+        funcs = []
+        for i in range(20):
+            ns = {}
+            exec(compile(src, f"<memtrack {i}>", "exec"), ns)
+            funcs.append(ns["f"])
+        before = sys.type_memory_usage()
+        sys.setprofile(lambda *args: None)
+        try:
+            for f in funcs:
+                f()
+        finally:
+            sys.setprofile(None)
+        grown = delta(before, sys.type_memory_usage())
+        # Two code units a line, two bytes for each one's line number.
+        self.assertGreaterEqual(grown.get("code", 0), 20 * 2000 * 2 * 2)
+        self.assertLess(grown.get("", 0), 4096)
+        del funcs, ns, f
+        gc.collect()                # each function's globals hold it
+        self.assertLess(sys.type_memory_usage().get("code", 0)
+                        - before.get("code", 0), 4096)
+
+    def test_code_extra_counts_under_code(self):
+        api = ctypes.pythonapi
+        api._PyEval_RequestCodeExtraIndex.argtypes = [ctypes.c_void_p]
+        api._PyCode_SetExtra.argtypes = [ctypes.py_object, ctypes.c_ssize_t,
+                                         ctypes.c_void_p]
+        index = api._PyEval_RequestCodeExtraIndex(None)
+        codes = [compile(f"x = {i}", "<memtrack>", "exec")
+                 for i in range(1000)]
+        before = sys.type_memory_usage()["code"]
+        for code in codes:
+            self.assertEqual(api._PyCode_SetExtra(code, index, 1), 0)
+        # The extra data holds a size and a pointer at least.
+        self.assertGreaterEqual(sys.type_memory_usage()["code"] - before,
+                                1000 * 2 * POINTER)
+        del codes, code
+        self.assertLess(sys.type_memory_usage()["code"], before)
+
+    def test_module_state_counts_under_module(self):
+        import importlib.util
+        import types
+        spec = importlib.util.find_spec("array")
+        before = sys.type_memory_usage().get("module", 0)
+        mods = []
+        for _ in range(50):
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            mods.append(mod)
+        grown = sys.type_memory_usage()["module"] - before
+        # Each module object, and its state: the array module keeps
+        # several pointers there.
+        self.assertGreaterEqual(grown,
+                                50 * (instance_block(types.ModuleType) + 32))
+        del mods, mod
+        gc.collect()
+        self.assertLess(sys.type_memory_usage().get("module", 0) - before,
+                        1024)
+
+    def test_type_name_counts_under_type(self):
+        # PyType_FromSpec() copies the name it is given.
+        class Slot(ctypes.Structure):
+            _fields_ = [("slot", ctypes.c_int), ("pfunc", ctypes.c_void_p)]
+
+        class Spec(ctypes.Structure):
+            _fields_ = [("name", ctypes.c_char_p),
+                        ("basicsize", ctypes.c_int),
+                        ("itemsize", ctypes.c_int),
+                        ("flags", ctypes.c_uint),
+                        ("slots", ctypes.POINTER(Slot))]
+        from_spec = ctypes.pythonapi.PyType_FromSpec
+        from_spec.restype = ctypes.py_object
+        from_spec.argtypes = [ctypes.POINTER(Spec)]
+        slots = (Slot * 1)()
+        spec = Spec(b"memtrack." + b"x" * 100_000, 0, 0, 0, slots)
+        before = sys.type_memory_usage()["type"]
+        cls = from_spec(ctypes.byref(spec))
+        self.assertGreaterEqual(sys.type_memory_usage()["type"] - before,
+                                100_000)
+        del cls
+        gc.collect()
+        self.assertLess(sys.type_memory_usage()["type"] - before, 1024)
+
     def test_instance_values_count_under_the_class(self):
         class Sightglass_Point:
             def __init__(self):
@@ -371,7 +493,7 @@ class MemtrackTests(unittest.TestCase):
         # _testcapi uses PyObject_T_MALLOC and friends as extensions do.
         tag = "sightglass.extension"
         addr = _testcapi.pyobject_t_malloc(tag, 300)
-        self.assertEqual(sys.type_memory_usage()[tag], pymalloc_block(300))
+        self.assertEqual(sys.type_memory_usage()[tag], block_size(300))
         addr = _testcapi.pyobject_t_realloc(tag, addr, 100_000)
         self.assertGreaterEqual(sys.type_memory_usage()[tag], 100_000)
         self.assertEqual(sys.type_allocation_counts()[tag], 1)
@@ -395,7 +517,7 @@ class MemtrackTests(unittest.TestCase):
         tag = b"sightglass.test"
         p = api.PyObject_TrackedMalloc(tag, 100)
         self.assertEqual(sys.type_memory_usage()["sightglass.test"],
-                         pymalloc_block(100))
+                         block_size(100))
         self.assertEqual(sys.type_allocation_counts()["sightglass.test"], 1)
         p = api.PyObject_TrackedRealloc(tag, p, 5000)
         self.assertGreaterEqual(sys.type_memory_usage()["sightglass.test"],
@@ -408,7 +530,7 @@ class MemtrackTests(unittest.TestCase):
         api.Py_AdjustTrackedMemory(tag, -4096)
         # The int holding the first reading is all that was allocated.
         self.assertEqual(total - sys.total_memory_used(),
-                         4096 - pymalloc_block(sys.getsizeof(total)))
+                         4096 - block_size(sys.getsizeof(total)))
         self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
 
     def test_finalizers_switching_threads(self):
