@@ -330,28 +330,41 @@ _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
     return ptr;
 }
 
+/* Reallocate a block that t (if not NULL) claims: the claim follows the
+   block, or stays with the old one if the allocator fails. */
+static void *
+realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
+                void *(*resize)(void *, size_t))
+{
+    if (t != NULL && ptr != NULL) {
+        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
+    }
+    void *new = resize(ptr, size);
+    if (t != NULL && (new != NULL || ptr != NULL)) {
+        _PyMemTrack_Claim(t, block_size(new != NULL ? new : ptr));
+    }
+    return new;
+}
+
+/* Free a block that t (if not NULL) claims: the allocator gives it back
+   from the tally with the size it knows. */
+static void
+free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
+{
+    _Py_memtrack.free_to = t;
+    release(ptr);
+}
+
 void *
 _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
-    if (ptr != NULL) {
-        _PyMemTrack_UnclaimBlock(owner, ptr);
-    }
-    void *new = PyMem_Realloc(ptr, size);
-    if (new != NULL) {
-        _PyMemTrack_ClaimBlock(owner, new);
-    }
-    else if (ptr != NULL) {
-        _PyMemTrack_ClaimBlock(owner, ptr);    /* failed: the old block stays */
-    }
-    return new;
+    return realloc_claimed(type_tally(owner, 1), ptr, size, PyMem_Realloc);
 }
 
 void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    /* The allocator gives the block back from the tally. */
-    _Py_memtrack.free_to = type_tally(owner, 0);
-    PyMem_Free(ptr);
+    free_claimed(type_tally(owner, 0), ptr, PyMem_Free);
 }
 
 
@@ -430,25 +443,13 @@ PyObject_TrackedMalloc(const char *what, size_t nbytes)
 void *
 PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 {
-    _Py_memtally *t = named_tally(what);
-    if (ptr != NULL && t != NULL) {
-        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
-    }
-    void *new = PyObject_Realloc(ptr, nbytes);
-    if (t != NULL && (new != NULL || ptr != NULL)) {
-        _PyMemTrack_Claim(t, _PyMem_ReservedSize(new != NULL ? new : ptr));
-    }
-    return new;
+    return realloc_claimed(named_tally(what), ptr, nbytes, PyObject_Realloc);
 }
 
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    _Py_memtally *t;
-    if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
-    }
-    PyObject_Free(ptr);
+    free_claimed(ptr != NULL ? named_tally(what) : NULL, ptr, PyObject_Free);
 }
 
 
