@@ -189,6 +189,22 @@ _PyMemTrack_NewObject(PyObject *op)
     _PyMemTrack_NewObjectSlow(op);
 }
 
+/* If the block of the object being deallocated is still there, the
+   deallocator kept it: it becomes anonymous.  The tally is read now, since
+   a finalizer may have assigned __class__.  The trashcan calls this too,
+   before its destroy chain runs code that could take the block from a free
+   list and free it: by the time the deallocator returns, the block may be
+   gone, and its size with it. */
+static inline void
+_PyMemTrack_ForgetDying(void)
+{
+    void *block = _Py_memtrack_dying_block;
+    if (block != NULL) {
+        _Py_memtrack_dying_block = NULL;
+        _PyMemTrack_ForgetKept(_Py_memtrack_dying_tally, block);
+    }
+}
+
 /* Run an object's deallocator.  If it frees the object's block, the
    allocator gives the block back from the type's tally; if it keeps it (a
    free list, a finalizer that resurrected the object, the trashcan), the
@@ -207,10 +223,7 @@ _PyMemTrack_Dealloc(PyObject *op, destructor dealloc)
     _Py_memtrack_dying_block = block;
     _Py_memtrack_dying_tally = t;
     (*dealloc)(op);
-    if (_Py_memtrack_dying_block == block) {
-        /* The tally read now: a finalizer may have assigned __class__. */
-        _PyMemTrack_ForgetKept(_Py_memtrack_dying_tally, block);
-    }
+    _PyMemTrack_ForgetDying();
     _Py_memtrack_dying_block = outer_block;
     _Py_memtrack_dying_tally = outer_tally;
 }
