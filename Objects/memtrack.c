@@ -225,7 +225,7 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
     /* A static type's tally can be older than PyType_Ready(), which may
        still have added Py_TPFLAGS_HAVE_GC. */
     t->object_offset = _PyType_PreHeaderSize(type);
-    Py_ssize_t size = claimed_size(t, object_block(op, type));
+    Py_ssize_t size = claimed_size(t, (char *)op - t->object_offset);
     _PyMemTrack_Claim(t, size);
     /* Objects of a type without items are all alike, but for str. */
     if (t->object_block == 0
@@ -310,20 +310,10 @@ _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
     _PyMemTrack_ClaimBlock(to, ptr);
 }
 
-void *
-_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
+/* A new block (if the allocator gave one) becomes owner's. */
+static void *
+claimed_new(PyTypeObject *owner, void *ptr)
 {
-    void *ptr = PyMem_Malloc(size);
-    if (ptr != NULL) {
-        _PyMemTrack_ClaimBlock(owner, ptr);
-    }
-    return ptr;
-}
-
-void *
-_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
-{
-    void *ptr = PyMem_Calloc(nelem, elsize);
     if (ptr != NULL) {
         _PyMemTrack_ClaimBlock(owner, ptr);
     }
@@ -356,6 +346,18 @@ free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
 }
 
 void *
+_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
+{
+    return claimed_new(owner, PyMem_Malloc(size));
+}
+
+void *
+_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
+{
+    return claimed_new(owner, PyMem_Calloc(nelem, elsize));
+}
+
+void *
 _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
     return realloc_claimed(type_tally(owner, 1), ptr, size, PyMem_Realloc);
@@ -365,6 +367,24 @@ void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
     free_claimed(type_tally(owner, 0), ptr, PyMem_Free);
+}
+
+void *
+_PyObject_OwnedMalloc(PyTypeObject *owner, size_t size)
+{
+    return claimed_new(owner, PyObject_Malloc(size));
+}
+
+void *
+_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
+{
+    return realloc_claimed(type_tally(owner, 1), ptr, size, PyObject_Realloc);
+}
+
+void
+_PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
+{
+    free_claimed(type_tally(owner, 0), ptr, PyObject_Free);
 }
 
 

@@ -246,6 +246,11 @@ PyAPI_FUNC(void *) _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
 PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
                                         size_t size);
 PyAPI_FUNC(void) _PyMem_OwnedFree(PyTypeObject *owner, void *ptr);
+/* The same, from the object domain. */
+extern void *_PyObject_OwnedMalloc(PyTypeObject *owner, size_t size);
+extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
+                                    size_t size);
+extern void _PyObject_OwnedFree(PyTypeObject *owner, void *ptr);
 
 /* For sys: totals, peak, and the tags as a dict. */
 extern Py_ssize_t _PyMemTrack_TotalBytes(void);
@@ -265,6 +270,9 @@ extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
 #  define _PyMem_OwnedCalloc(owner, nelem, elsize) PyMem_Calloc(nelem, elsize)
 #  define _PyMem_OwnedRealloc(owner, ptr, size) PyMem_Realloc(ptr, size)
 #  define _PyMem_OwnedFree(owner, ptr) PyMem_Free(ptr)
+#  define _PyObject_OwnedMalloc(owner, size) PyObject_Malloc(size)
+#  define _PyObject_OwnedRealloc(owner, ptr, size) PyObject_Realloc(ptr, size)
+#  define _PyObject_OwnedFree(owner, ptr) PyObject_Free(ptr)
 
 #endif  /* Py_TRACK_MEMORY */
 

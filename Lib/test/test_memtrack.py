@@ -101,6 +101,7 @@ class MemtrackTests(unittest.TestCase):
             self.check_tags_add_up()
 
     def check_tags_add_up(self):
+        """Check the tags against the totals; return the snapshot."""
         total, usage = read_together(sys.total_memory_used,
                                      sys.type_memory_usage)
         self.assertEqual(sum(usage.values()),
@@ -108,6 +109,7 @@ class MemtrackTests(unittest.TestCase):
         blocks, counts = read_together(sys.total_allocation_count,
                                        sys.type_allocation_counts)
         self.assertEqual(sum(counts.values()), blocks + 1)
+        return usage
 
     def test_instances_count_under_their_class(self):
         class Sightglass_Slotted:
@@ -602,8 +604,7 @@ class MemtrackTests(unittest.TestCase):
             t.start()
         try:
             for _ in range(200):
-                self.check_tags_add_up()
-                for key, value in sys.type_memory_usage().items():
+                for key, value in self.check_tags_add_up().items():
                     self.assertGreaterEqual(value, 0, key)
         finally:
             stop.set()
