@@ -2,16 +2,16 @@
 
    See Include/internal/pycore_memtrack.h for the scheme.  The mem and
    object domains' blocks are counted in _Py_memtrack, with the GIL held;
-   tallies claim parts of that for a type or a name, and the anonymous tag
-   is the rest.  The raw domain and the threads' frame stacks are used
-   without the GIL: their counts are atomic. */
+   tallies claim the buffers objects own, for the owner's type, and the
+   objects themselves are attributed when sys asks.  The raw domain and
+   the threads' frame stacks are used without the GIL: their counts are
+   atomic. */
 
 #include "Python.h"
 
 #ifdef Py_TRACK_MEMORY
 
 #include "pycore_memtrack.h"
-#include "pycore_object.h"        // _PyType_PreHeaderSize()
 
 #include <stdatomic.h>
 #include <string.h>
@@ -19,8 +19,8 @@
 #define RELAXED memory_order_relaxed
 
 struct _Py_memtrack_locked _Py_memtrack;
-_Thread_local void *_Py_memtrack_dying_block;
-_Thread_local _Py_memtally *_Py_memtrack_dying_tally;
+/* Blocks of the mem and object domains from outside the pools. */
+static Py_ssize_t large_blocks;
 
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
@@ -51,7 +51,7 @@ _PyMemTrack_TotalBytes(void)
 Py_ssize_t
 _PyMemTrack_TotalBlocks(void)
 {
-    return (*(volatile Py_ssize_t *)&_Py_memtrack.blocks
+    return (_PyMemTrack_VisitPooled(NULL, NULL) + large_blocks
             + atomic_load_explicit(&raw_blocks, RELAXED)
             + atomic_load_explicit(&stack_chunks, RELAXED));
 }
@@ -103,7 +103,21 @@ _PyMemTrack_ResetPeak(void)
 }
 
 
-/* --- the raw domain and the frame stacks --------------------------------- */
+/* --- large blocks, the raw domain and the frame stacks ------------------- */
+
+void
+_PyMemTrack_AllocLarge(size_t size)
+{
+    _PyMemTrack_Count(size);
+    large_blocks++;
+}
+
+void
+_PyMemTrack_FreeLarge(size_t size)
+{
+    _PyMemTrack_Free(size);
+    large_blocks--;
+}
 
 void
 _PyMemTrack_AllocRaw(size_t size)
@@ -162,7 +176,6 @@ type_tally(PyTypeObject *type, int create)
     _Py_memtally *t = (_Py_memtally *)type->tp_cache;
     if (t == NULL && create && (t = new_tally()) != NULL) {
         t->type = type;
-        t->object_offset = _PyType_PreHeaderSize(type);
         type->tp_cache = (PyObject *)t;
     }
     return t;
@@ -193,93 +206,100 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
 }
 
 
-/* --- objects ------------------------------------------------------------- */
+/* --- objects outside the pools ------------------------------------------- */
 
-static inline void *
-object_block(PyObject *op, PyTypeObject *type)
+/* Objects pymalloc does not serve (large ones, or all of them with
+   PYTHONMALLOC=malloc), by block: open addressing with linear probing,
+   never more than half full.  Raw memory: the accounting must not account
+   itself. */
+typedef struct {
+    void *block;
+    PyObject *op;
+} large_object;
+
+static large_object *large_objects;
+static size_t large_mask;           /* capacity - 1; 0 before the first */
+static size_t large_count;
+
+static size_t
+large_slot(void *block)
 {
-    return (char *)op - _PyType_PreHeaderSize(type);
+    uint64_t h = (uint64_t)((uintptr_t)block >> 4) * 0x9E3779B97F4A7C15u;
+    return (size_t)(h ^ (h >> 32)) & large_mask;
 }
 
-/* What a tally claims for an object in block: what the allocator reserved,
-   which the type may already have told.  (A tuple's length would not do:
-   _PyTuple_Resize() may shrink it in place.) */
-static Py_ssize_t
-claimed_size(_Py_memtally *t, void *block)
+/* The slot of block, or the empty slot where it would go. */
+static size_t
+large_find(void *block)
 {
-    if (t->object_block != 0) {
-        assert(t->object_block == (Py_ssize_t)_PyMem_ReservedSize(block));
-        return t->object_block;
-    }
-    return _PyMem_ReservedSize(block);
-}
-
-void
-_PyMemTrack_NewObjectSlow(PyObject *op)
-{
-    PyTypeObject *type = Py_TYPE(op);
-    _Py_memtally *t = type_tally(type, 1);
-    if (t == NULL) {
-        return;
-    }
-    /* A static type's tally can be older than PyType_Ready(), which may
-       still have added Py_TPFLAGS_HAVE_GC. */
-    t->object_offset = _PyType_PreHeaderSize(type);
-    Py_ssize_t size = claimed_size(t, (char *)op - t->object_offset);
-    _PyMemTrack_Claim(t, size);
-    /* Objects of a type without items are all alike, but for str. */
-    if (t->object_block == 0
-        && type->tp_itemsize == 0
-        && !PyType_HasFeature(type, Py_TPFLAGS_UNICODE_SUBCLASS)
-        && (size_t)size == _PyMem_ReservedSizeFor(type->tp_basicsize
-                                                  + t->object_offset))
+    size_t i = large_slot(block);
+    while (large_objects[i].block != NULL
+           && large_objects[i].block != block)
     {
-        t->object_block = size;
+        i = (i + 1) & large_mask;
     }
+    return i;
 }
 
-void
-_PyMemTrack_ForgetKept(_Py_memtally *t, void *block)
+static int
+large_grow(void)
 {
-    if (t != NULL) {
-        _PyMemTrack_Unclaim(t, claimed_size(t, block));
+    size_t capacity = large_mask ? 2 * (large_mask + 1) : 64;
+    large_object *new = PyObject_RAW_MALLOC(capacity * sizeof(*new));
+    if (new == NULL) {
+        return -1;
     }
-}
-
-void
-_PyMemTrack_ForgetObject(PyObject *op)
-{
-    PyTypeObject *type = Py_TYPE(op);
-    _PyMemTrack_ForgetKept(type_tally(type, 0), object_block(op, type));
-}
-
-void
-_PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from)
-{
-    /* __class__ assignment keeps the layout, hence the block. */
-    PyTypeObject *to = Py_TYPE(op);
-    void *block = object_block(op, to);
-    _Py_memtally *old = type_tally(from, 0);
-    _Py_memtally *new = type_tally(to, 1);
-    if (old != NULL && new != NULL) {
-        _PyMemTrack_Unclaim(old, claimed_size(old, block));
-        _PyMemTrack_Claim(new, claimed_size(new, block));
-        if (block == _Py_memtrack_dying_block) {
-            _Py_memtrack_dying_tally = new;     /* a finalizer did it */
+    memset(new, 0, capacity * sizeof(*new));
+    large_object *old = large_objects;
+    size_t old_capacity = large_mask ? large_mask + 1 : 0;
+    large_objects = new;
+    large_mask = capacity - 1;
+    for (size_t i = 0; i < old_capacity; i++) {
+        if (old[i].block != NULL) {
+            large_objects[large_find(old[i].block)] = old[i];
         }
     }
+    PyObject_RAW_FREE(old);
+    return 0;
 }
 
-
-/* What the allocator reserved for a live block: known without asking it
-   when the block is the one it handed out last. */
-static Py_ssize_t
-block_size(void *ptr)
+void
+_PyMemTrack_NewLargeObject(void *block, PyObject *op)
 {
-    if (ptr == _Py_memtrack.last_block) {
-        return _Py_memtrack.last_size;
+    if (2 * (large_count + 1) > large_mask + 1 && large_grow() < 0) {
+        return;     /* it stays anonymous */
     }
-    return _PyMem_ReservedSize(ptr);
+    size_t i = large_find(block);
+    if (large_objects[i].block == NULL) {
+        large_objects[i].block = block;
+        large_count++;
+    }
+    large_objects[i].op = op;
+}
+
+void
+_PyMemTrack_ForgetLargeObject(void *block)
+{
+    if (large_count == 0) {
+        return;
+    }
+    size_t i = large_find(block);
+    if (large_objects[i].block == NULL) {
+        return;
+    }
+    large_count--;
+    /* Move back the entries whose probe passed the emptied slot. */
+    for (size_t j = (i + 1) & large_mask;
+         large_objects[j].block != NULL;
+         j = (j + 1) & large_mask)
+    {
+        size_t home = large_slot(large_objects[j].block);
+        if (((j - home) & large_mask) >= ((j - i) & large_mask)) {
+            large_objects[i] = large_objects[j];
+            i = j;
+        }
+    }
+    large_objects[i].block = NULL;
 }
 
 
@@ -290,7 +310,7 @@ _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = type_tally(owner, 1);
     if (t != NULL) {
-        _PyMemTrack_Claim(t, block_size(ptr));
+        _PyMemTrack_Claim(t, _PyMem_ReservedSize(ptr));
     }
 }
 
@@ -331,18 +351,20 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
     }
     void *new = resize(ptr, size);
     if (t != NULL && (new != NULL || ptr != NULL)) {
-        _PyMemTrack_Claim(t, block_size(new != NULL ? new : ptr));
+        _PyMemTrack_Claim(t, _PyMem_ReservedSize(new != NULL ? new : ptr));
     }
     return new;
 }
 
 /* Free a block that t (if not NULL) claims: the allocator gives it back
-   from the tally with the size it knows. */
+   from the tally with the size it knows.  Nothing may stay set for the
+   next free: freeing NULL, or an allocator from outside, never takes it. */
 static void
 free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
 {
-    _Py_memtrack.free_to = t;
+    _Py_memtrack.free_to = ptr != NULL ? t : NULL;
     release(ptr);
+    _Py_memtrack.free_to = NULL;
 }
 
 void *
@@ -455,7 +477,7 @@ PyObject_TrackedMalloc(const char *what, size_t nbytes)
     void *ptr = PyObject_Malloc(nbytes);
     _Py_memtally *t;
     if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        _PyMemTrack_Claim(t, block_size(ptr));
+        _PyMemTrack_Claim(t, _PyMem_ReservedSize(ptr));
     }
     return ptr;
 }
@@ -503,25 +525,66 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
     return res;
 }
 
+static void
+count_object(PyObject *op, size_t size, void *Py_UNUSED(arg))
+{
+    _Py_memtally *t = type_tally(Py_TYPE(op), 1);
+    if (t != NULL) {
+        t->object_bytes += (Py_ssize_t)size;
+        t->objects++;
+    }
+}
+
+/* Count every object under its type, as it is now; return how many blocks
+   the mem and object domains hold. */
+static Py_ssize_t
+count_objects(void)
+{
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        t->object_bytes = 0;
+        t->objects = 0;
+    }
+    Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_object, NULL);
+    for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
+        large_object *entry = &large_objects[i];
+        if (entry->block != NULL) {
+            count_object(entry->op, _PyMem_ReservedSize(entry->block), NULL);
+        }
+    }
+    return pooled + large_blocks;
+}
+
 PyObject *
 _PyMemTrack_Usage(int blocks, int by_type)
 {
-    /* Building the dict allocates, which changes the tallies: copy them
-       first, then report the copy. */
+    /* Filling the dict allocates, which changes the tallies: copy them
+       first, then report the copy.  The copy holds its types: the dict may
+       set off a collection, which may free them. */
+    Py_ssize_t locked_blocks = count_objects();
     size_t n = 0;
     for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
         n++;
     }
-    _Py_memtally *snap = PyObject_RAW_MALLOC((n ? n : 1) * sizeof(*snap));
+    struct {
+        PyTypeObject *type;
+        const char *name;
+        Py_ssize_t value;
+    } *snap = PyObject_RAW_MALLOC((n ? n : 1) * sizeof(*snap));
     if (snap == NULL) {
         return PyErr_NoMemory();
     }
-    Py_ssize_t anonymous = blocks ? _Py_memtrack.blocks : _Py_memtrack.bytes;
+    Py_ssize_t anonymous = blocks ? locked_blocks : _Py_memtrack.bytes;
     n = 0;
     for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
-        snap[n] = *t;
-        anonymous -= blocks ? t->blocks : t->bytes;
-        n++;
+        Py_ssize_t value = (blocks ? t->blocks + t->objects
+                                   : t->bytes + t->object_bytes);
+        anonymous -= value;
+        if (value != 0 || t->type == NULL) {
+            snap[n].type = (PyTypeObject *)Py_XNewRef(t->type);
+            snap[n].name = t->name;
+            snap[n].value = value;
+            n++;
+        }
     }
     Py_ssize_t raw = atomic_load_explicit(blocks ? &raw_blocks : &raw_bytes,
                                           RELAXED);
@@ -533,10 +596,6 @@ _PyMemTrack_Usage(int blocks, int by_type)
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        Py_ssize_t value = blocks ? snap[i].blocks : snap[i].bytes;
-        if (value == 0 && snap[i].type != NULL) {
-            continue;
-        }
         PyObject *key;
         if (snap[i].type == NULL) {
             key = PyUnicode_InternFromString(snap[i].name);
@@ -548,7 +607,7 @@ _PyMemTrack_Usage(int blocks, int by_type)
             /* Interned: repeated snapshots share their keys. */
             key = PyUnicode_InternFromString(_PyType_Name(snap[i].type));
         }
-        if (report(result, key, value) < 0) {
+        if (report(result, key, snap[i].value) < 0) {
             goto error;
         }
     }
@@ -565,6 +624,9 @@ _PyMemTrack_Usage(int blocks, int by_type)
 error:
     Py_CLEAR(result);
 done:
+    for (size_t i = 0; i < n; i++) {
+        Py_XDECREF(snap[i].type);
+    }
     PyObject_RAW_FREE(snap);
     return result;
 }

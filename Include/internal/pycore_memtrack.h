@@ -10,22 +10,21 @@ extern "C" {
 
 /* The accounting behind --with-memory-tracking (Objects/memtrack.c).
 
-   The allocators count every block they hand out, with the size they
-   really reserve, under the anonymous tag (or the raw tag, for the raw
-   domain).  Whoever knows what a block is for then claims it for that tag:
-   _Py_NewReference() claims an object's block for its type, and the core
-   types claim the buffers their objects own (list items, ...).  Claims
-   leave the total alone, so the tags always add up to it.
-
-   Asking the allocator for a block's size costs a pool lookup, so the
-   allocator tells it where it can: the block it handed out last, which is
-   usually the one an object is made in next, and the size of the block it
-   frees for the object _Py_Dealloc() is deallocating. */
+   The allocators count the bytes of every block they hand out, with the
+   size they really reserve.  Objects are attributed when someone asks:
+   _Py_NewReference() only marks where an object starts, in a bitmap in the
+   header of its pymalloc pool (or, for the few objects outside the pools,
+   in a table), and sys.type_memory_usage() walks the marks and reads each
+   object's type then.  So the hot paths never touch a type, a __class__
+   assignment or a free list needs no bookkeeping, and a block counts as an
+   object's exactly as long as it is allocated.  Buffers an object owns
+   (list items, dict tables, ...) are fewer: their owners claim them for
+   their type's tally.  The anonymous tag is what no one has marked or
+   claimed. */
 
 #ifdef Py_TRACK_MEMORY
 
 #include "pycore_atomic.h"        // _Py_atomic_address
-#include "pycore_object.h"        // _PyType_PreHeaderSize()
 
 /* A note on layout.  Fields that one function writes are never
    neighbours: GCC would combine two such stores into one 16-byte vector
@@ -34,47 +33,61 @@ extern "C" {
    waits for the store to reach the cache (measured: a fifth of the time
    of an int-heavy loop). */
 
-/* What one type, or one name given to the tracked-malloc API, holds.  A
-   type's tally hangs from its tp_cache, which CPython 3.11 leaves unused,
-   so that finding it costs one load. */
+/* What a type's objects own, or what a name given to the tracked-malloc
+   API holds; and, while sys reads them, the type's objects.  A type's
+   tally hangs from its tp_cache, which CPython 3.11 leaves unused. */
 typedef struct _Py_memtally {
     Py_ssize_t bytes;
-    /* The block every object of the type takes, once known to be the same
-       for all of them; 0: ask the allocator.  Objects are claimed and given
-       back with it alike, so one odd object cannot unbalance the tally. */
-    Py_ssize_t object_block;
     Py_ssize_t blocks;
-    /* How far before an object its block starts: _PyType_PreHeaderSize(),
-       kept here to save working it out. */
-    Py_ssize_t object_offset;
+    Py_ssize_t object_bytes;
+    Py_ssize_t objects;
     PyTypeObject *type;             /* NULL for a name */
     char *name;                     /* a name's own copy */
     struct _Py_memtally *prev, *next;
 } _Py_memtally;
 
 /* What the mem and object domains hold, and what the allocator tells the
-   accounting: used with the GIL held only.  The anonymous tag is what no
-   tally has claimed of the bytes. */
+   accounting: used with the GIL held only. */
 struct _Py_memtrack_locked {
     Py_ssize_t bytes;
-    /* The block handed out last... */
-    void *last_block;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
-    Py_ssize_t blocks;
-    /* ...the size of the block handed out last... */
-    Py_ssize_t last_size;
-    /* ...and the tally a block being freed comes back from, set only while
-       the allocator frees it. */
+    /* The block pymalloc handed out last: an object made in it is known to
+       be in a pool without asking. */
+    void *last_block;
+    /* The tally a block being freed comes back from, set only while the
+       allocator frees it. */
     _Py_memtally *free_to;
 };
 extern struct _Py_memtrack_locked _Py_memtrack;
 
-/* The object being deallocated: its block, NULL once freed, and the tally
-   it counts under.  Per thread, since a finalizer can let another thread
-   run in the middle of a deallocation. */
-extern _Thread_local void *_Py_memtrack_dying_block;
-extern _Thread_local _Py_memtally *_Py_memtrack_dying_tally;
+/* pymalloc's pools, as the object marks see them (obmalloc.c checks that
+   they agree): 16 KiB, aligned, of 16-byte granules, with a bit per
+   granule in the header. */
+#define _PyMemTrack_POOL_SIZE (1 << 14)
+#define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
+#define _PyMemTrack_GRANULE_SHIFT 4
+#define _PyMemTrack_MAP_WORDS \
+    ((_PyMemTrack_POOL_SIZE >> _PyMemTrack_GRANULE_SHIFT) / 64)
+#define _PyMemTrack_MAP_OFFSET 48
+/* An object starts within this many granules of its block: after the debug
+   hooks' pad, the GC header and the managed dict's two pointers. */
+#define _PyMemTrack_HEAD_GRANULES 4
+
+static inline uint64_t *
+_PyMemTrack_PoolMap(void *p)
+{
+    return (uint64_t *)(((uintptr_t)p & ~_PyMemTrack_POOL_MASK)
+                        + _PyMemTrack_MAP_OFFSET);
+}
+
+static inline void
+_PyMemTrack_MarkPooled(void *op)
+{
+    uintptr_t g = ((uintptr_t)op & _PyMemTrack_POOL_MASK)
+                  >> _PyMemTrack_GRANULE_SHIFT;
+    _PyMemTrack_PoolMap(op)[g / 64] |= (uint64_t)1 << (g % 64);
+}
 
 extern void _PyMemTrack_NotePeak(void);
 
@@ -96,15 +109,12 @@ _PyMemTrack_Unclaim(_Py_memtally *t, Py_ssize_t size)
     }
 }
 
-/* Called by the base allocators (obmalloc.c) for every block of the mem
-   and object domains. */
+/* Called by every allocator of the mem and object domains for a block it
+   hands out... */
 static inline void
-_PyMemTrack_Alloc(void *block, size_t size)
+_PyMemTrack_Count(size_t size)
 {
     _Py_memtrack.bytes += (Py_ssize_t)size;
-    _Py_memtrack.blocks++;
-    _Py_memtrack.last_block = block;
-    _Py_memtrack.last_size = (Py_ssize_t)size;
     if ((size_t)_Py_memtrack.bytes
         > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark))
     {
@@ -112,11 +122,19 @@ _PyMemTrack_Alloc(void *block, size_t size)
     }
 }
 
+/* ...by pymalloc, for which it knows the block... */
+static inline void
+_PyMemTrack_Alloc(void *block, size_t size)
+{
+    _PyMemTrack_Count(size);
+    _Py_memtrack.last_block = block;
+}
+
+/* ...and by all of them when they free a block. */
 static inline void
 _PyMemTrack_Free(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
-    _Py_memtrack.blocks--;
     _Py_memtally *t = _Py_memtrack.free_to;
     if (t != NULL) {
         _Py_memtrack.free_to = NULL;
@@ -124,32 +142,32 @@ _PyMemTrack_Free(size_t size)
     }
 }
 
-/* PyObject_Free() and PyMem_Free() bracket the free: whatever allocator
-   (or hook) serves them, the block of the dying object comes back from the
-   object's tally, with the size it was claimed with.  After the free,
-   nothing is left set for the next one (an allocator from outside never
-   calls _PyMemTrack_Free()). */
+/* pymalloc frees a block: whatever object started in it is gone. */
 static inline void
-_PyMemTrack_BeforeFree(void *ptr)
+_PyMemTrack_FreePooled(void *block, size_t size)
 {
-    if (ptr == _Py_memtrack_dying_block && ptr != NULL) {
-        _Py_memtally *t = _Py_memtrack_dying_tally;
-        Py_ssize_t size = t->object_block;
-        _Py_memtrack_dying_block = NULL;
-        if (size == 0) {
-            _Py_memtrack.free_to = t;       /* the allocator knows it */
-        }
-        else {
-            _PyMemTrack_Unclaim(t, size);
-        }
+    _PyMemTrack_Free(size);
+    uintptr_t g = ((uintptr_t)block & _PyMemTrack_POOL_MASK)
+                  >> _PyMemTrack_GRANULE_SHIFT;
+    size_t n = size >> _PyMemTrack_GRANULE_SHIFT;
+    if (n > _PyMemTrack_HEAD_GRANULES) {
+        n = _PyMemTrack_HEAD_GRANULES;
+    }
+    uint64_t span = ((uint64_t)1 << n) - 1;
+    uint64_t *word = &_PyMemTrack_PoolMap(block)[g / 64];
+    unsigned int shift = g % 64;
+    word[0] &= ~(span << shift);
+    if (shift + n > 64) {
+        word[1] &= ~(span >> (64 - shift));
     }
 }
 
-static inline void
-_PyMemTrack_AfterFree(void)
-{
-    _Py_memtrack.free_to = NULL;
-}
+/* Blocks of the mem and object domains that pymalloc does not serve. */
+extern void _PyMemTrack_AllocLarge(size_t size);
+extern void _PyMemTrack_FreeLarge(size_t size);
+/* Where such a block held an object, forget it.  The block is given as the
+   object domain's allocator sees it, inside any debug hooks. */
+extern void _PyMemTrack_ForgetLargeObject(void *block);
 
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);
@@ -159,76 +177,34 @@ extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 
 /* What the allocator reserved for a block of the mem or object domain. */
 extern size_t _PyMem_ReservedSize(void *ptr);
-/* What it would reserve for a request of size bytes, when that is the same
-   every time (a pymalloc size class); else 0. */
-extern size_t _PyMem_ReservedSizeFor(size_t size);
 
-/* Objects: their block counts under their type while they live. */
+/* Objects: mark where one starts.  Marking twice is harmless, so a
+   resized object is simply marked again. */
 extern void _PyMemTrack_NewObjectSlow(PyObject *op);
-extern void _PyMemTrack_ForgetKept(_Py_memtally *t, void *block);
-/* Before an object's block is resized in place: _Py_NewReference() claims
-   it again afterwards. */
-extern void _PyMemTrack_ForgetObject(PyObject *op);
+extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 
 static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
-    _Py_memtally *t = (_Py_memtally *)Py_TYPE(op)->tp_cache;
-    if (t != NULL) {
-        Py_ssize_t size = t->object_block;
-        if (size == 0
-            && (char *)op - t->object_offset == _Py_memtrack.last_block)
-        {
-            size = _Py_memtrack.last_size;
-        }
-        if (size != 0) {
-            _PyMemTrack_Claim(t, size);
-            return;
-        }
+    /* An object made in the block pymalloc handed out last is in that
+       block's pool. */
+    uintptr_t past = (uintptr_t)op - (uintptr_t)_Py_memtrack.last_block;
+    if (past < (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
+        && ((uintptr_t)op & _PyMemTrack_POOL_MASK) >= past)
+    {
+        _PyMemTrack_MarkPooled(op);
     }
-    _PyMemTrack_NewObjectSlow(op);
-}
-
-/* If the block of the object being deallocated is still there, the
-   deallocator kept it: it becomes anonymous.  The tally is read now, since
-   a finalizer may have assigned __class__.  The trashcan calls this too,
-   before its destroy chain runs code that could take the block from a free
-   list and free it: by the time the deallocator returns, the block may be
-   gone, and its size with it. */
-static inline void
-_PyMemTrack_ForgetDying(void)
-{
-    void *block = _Py_memtrack_dying_block;
-    if (block != NULL) {
-        _Py_memtrack_dying_block = NULL;
-        _PyMemTrack_ForgetKept(_Py_memtrack_dying_tally, block);
+    else {
+        _PyMemTrack_NewObjectSlow(op);
     }
 }
 
-/* Run an object's deallocator.  If it frees the object's block, the
-   allocator gives the block back from the type's tally; if it keeps it (a
-   free list, a finalizer that resurrected the object, the trashcan), the
-   block becomes anonymous here.  Without a tally, nothing was claimed. */
-static inline void
-_PyMemTrack_Dealloc(PyObject *op, destructor dealloc)
-{
-    _Py_memtally *t = (_Py_memtally *)Py_TYPE(op)->tp_cache;
-    if (t == NULL) {
-        (*dealloc)(op);
-        return;
-    }
-    void *block = (char *)op - t->object_offset;
-    void *outer_block = _Py_memtrack_dying_block;
-    _Py_memtally *outer_tally = _Py_memtrack_dying_tally;
-    _Py_memtrack_dying_block = block;
-    _Py_memtrack_dying_tally = t;
-    (*dealloc)(op);
-    _PyMemTrack_ForgetDying();
-    _Py_memtrack_dying_block = outer_block;
-    _Py_memtrack_dying_tally = outer_tally;
-}
+/* For sys.type_memory_usage(): visit every object marked in the pools
+   with the size of its block, and count the blocks in the pools. */
+typedef void (*_PyMemTrack_visitfunc)(PyObject *op, size_t size, void *arg);
+extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
+                                          void *arg);
 
-extern void _PyMemTrack_ChangeClass(PyObject *op, PyTypeObject *from);
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
 /* A block of the mem or object domain that an object of `owner` owns.
@@ -261,8 +237,6 @@ extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
 
 #else
 
-#  define _PyMemTrack_BeforeFree(ptr) ((void)0)
-#  define _PyMemTrack_AfterFree() ((void)0)
 #  define _PyMemTrack_ClaimBlock(owner, ptr) ((void)0)
 #  define _PyMemTrack_UnclaimBlock(owner, ptr) ((void)0)
 #  define _PyMemTrack_MoveBlock(from, to, ptr) ((void)0)

@@ -36,8 +36,10 @@ libc.free.argtypes = [ctypes.c_void_p]
 def block_size(nbytes):
     """What the allocator reserves for a request of nbytes."""
     nbytes += HOOKS
-    if ALLOCATOR.startswith("pymalloc") and nbytes <= 512:
-        return (nbytes + 15) // 16 * 16
+    if ALLOCATOR.startswith("pymalloc"):
+        if nbytes <= 512:
+            return (nbytes + 15) // 16 * 16
+        nbytes += HOOKS     # passed on to the raw domain, hooked as well
     probe = libc.malloc(nbytes)     # malloc's sizes depend on nothing else
     try:
         return libc.malloc_usable_size(probe)
@@ -267,23 +269,27 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(res.out.strip(), b"[0, 0, 0]")
 
     def test_free_list_reuse(self):
-        # Floats, tuples and lists are kept for reuse when they die: kept
-        # blocks are anonymous, and taken up again by the next object.
+        # Floats, tuples and lists are kept for reuse when they die.  A
+        # kept object still counts under its type (its block is still
+        # allocated, for it), and the next object takes it up again.
         for make, name in ((lambda i: i + 0.5, "float"),
                            (lambda i: (i, i), "tuple"),
                            (lambda i: [], "list")):
             with self.subTest(name):
-                objs = [None] * 50
-                before = sys.type_allocation_counts().get(name, 0)
+                objs = [make(i) for i in range(50)]
+                objs[:] = [None] * 50       # now at least 50 are kept
+                before = sys.type_allocation_counts()[name]
                 for _ in range(3):
                     for i in range(50):
                         objs[i] = make(i)
-                    counts = sys.type_allocation_counts()
-                    self.assertEqual(counts[name] - before, 50)
-                    del counts
+                    self.assertEqual(sys.type_allocation_counts()[name],
+                                     before)
                     objs[:] = [None] * 50
-                    self.assertEqual(
-                        sys.type_allocation_counts().get(name, 0), before)
+                    self.assertEqual(sys.type_allocation_counts()[name],
+                                     before)
+                gc.collect()                # empties the free lists
+                self.assertLess(sys.type_allocation_counts().get(name, 0),
+                                before - 40)
 
     def test_list_items_count_under_list(self):
         before = sys.type_memory_usage()["list"]
@@ -292,6 +298,7 @@ class MemtrackTests(unittest.TestCase):
         self.assertGreaterEqual(grown, 8 * 10**6)
         self.assertLess(grown, 8 * 10**6 + 64 * 1024)
         del big
+        gc.collect()        # the list object may be kept for reuse
         self.assertLessEqual(sys.type_memory_usage()["list"], before)
 
     def test_growing_list_moves_bytes_without_leaking(self):
@@ -305,6 +312,7 @@ class MemtrackTests(unittest.TestCase):
             lst.pop()
         lst.clear()
         del lst
+        gc.collect()        # the list object may be kept for reuse
         self.assertLessEqual(sys.type_memory_usage()["list"], before + 64)
 
     def check_owned(self, make, name, min_size):
@@ -480,6 +488,7 @@ class MemtrackTests(unittest.TestCase):
         grown = sys.type_memory_usage()[name] - before
         self.assertGreaterEqual(grown, N * min_size, name)
         del objs
+        gc.collect()        # some are kept for reuse until then
         after = sys.type_memory_usage().get(name, 0)
         self.assertLess(after - before, N * min_size // 10, name)
 
@@ -504,6 +513,17 @@ class MemtrackTests(unittest.TestCase):
             return sys._getframe()
         self.check_type(frame, "frame", 60)
 
+    def test_large_objects(self):
+        # Objects pymalloc does not serve are found by their own table.
+        n = 1000
+        tup_block = block_size(sys.getsizeof((0,) * n))     # with GC_HEAD
+        before = sys.type_memory_usage()
+        objs = [tuple(range(i, i + n)) for i in range(100)]
+        grown = delta(before, sys.type_memory_usage())
+        self.assertEqual(grown.get("tuple"), 100 * tup_block)
+        del objs
+        self.assertNotIn("tuple", delta(before, sys.type_memory_usage()))
+
     def test_resized_objects(self):
         # bytes, str and tuple are reallocated in place by their resize
         # functions; the block must move with them.
@@ -512,6 +532,7 @@ class MemtrackTests(unittest.TestCase):
         text = ["".join(["ab"] * (i % 100)) for i in range(2000)]
         tups = [tuple(x for x in range(i % 50)) for i in range(2000)]
         del data, text, tups
+        gc.collect()        # some tuples are kept for reuse until then
         after = sys.type_memory_usage()
         for name in ("bytes", "str", "tuple"):
             self.assertLess(abs(after.get(name, 0) - before.get(name, 0)),
