@@ -356,15 +356,14 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
     return new;
 }
 
-/* Free a block that t (if not NULL) claims: the allocator gives it back
-   from the tally with the size it knows.  Nothing may stay set for the
-   next free: freeing NULL, or an allocator from outside, never takes it. */
+/* Free a block that t (if not NULL) claims. */
 static void
 free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
 {
-    _Py_memtrack.free_to = ptr != NULL ? t : NULL;
+    if (t != NULL && ptr != NULL) {
+        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
+    }
     release(ptr);
-    _Py_memtrack.free_to = NULL;
 }
 
 void *

@@ -15,12 +15,12 @@ extern "C" {
    _Py_NewReference() only marks where an object starts, in a bitmap in the
    header of its pymalloc pool (or, for the few objects outside the pools,
    in a table), and sys.type_memory_usage() walks the marks and reads each
-   object's type then.  So the hot paths never touch a type, a __class__
-   assignment or a free list needs no bookkeeping, and a block counts as an
-   object's exactly as long as it is allocated.  Buffers an object owns
-   (list items, dict tables, ...) are fewer: their owners claim them for
-   their type's tally.  The anonymous tag is what no one has marked or
-   claimed. */
+   object's type then.  So the hot paths never touch a type, neither a
+   __class__ assignment nor a free list needs bookkeeping, and a block
+   counts as an object's exactly as long as it is allocated.  Buffers an
+   object owns (list items, dict tables, ...) are fewer: their owners claim
+   them for their type's tally.  The anonymous tag is what no one has
+   marked or claimed. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -55,38 +55,40 @@ struct _Py_memtrack_locked {
     /* The block pymalloc handed out last: an object made in it is known to
        be in a pool without asking. */
     void *last_block;
-    /* The tally a block being freed comes back from, set only while the
-       allocator frees it. */
-    _Py_memtally *free_to;
 };
 extern struct _Py_memtrack_locked _Py_memtrack;
 
 /* pymalloc's pools, as the object marks see them (obmalloc.c checks that
-   they agree): 16 KiB, aligned, of 16-byte granules, with a bit per
-   granule in the header. */
+   they agree): 16 KiB, aligned, of 16-byte granules.  The header ends with
+   a map of a bit for each granule after it, where blocks lie. */
 #define _PyMemTrack_POOL_SIZE (1 << 14)
 #define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
 #define _PyMemTrack_GRANULE_SHIFT 4
-#define _PyMemTrack_MAP_WORDS \
-    ((_PyMemTrack_POOL_SIZE >> _PyMemTrack_GRANULE_SHIFT) / 64)
 #define _PyMemTrack_MAP_OFFSET 48
+#define _PyMemTrack_MAP_BYTES 128
+#define _PyMemTrack_FIRST_GRANULE \
+    ((_PyMemTrack_MAP_OFFSET + _PyMemTrack_MAP_BYTES) \
+     >> _PyMemTrack_GRANULE_SHIFT)
 /* An object starts within this many granules of its block: after the debug
    hooks' pad, the GC header and the managed dict's two pointers. */
 #define _PyMemTrack_HEAD_GRANULES 4
 
-static inline uint64_t *
-_PyMemTrack_PoolMap(void *p)
+/* The map of the pool holding p, and the bit of p's granule in it. */
+static inline uint8_t *
+_PyMemTrack_PoolMap(void *p, size_t *bit)
 {
-    return (uint64_t *)(((uintptr_t)p & ~_PyMemTrack_POOL_MASK)
-                        + _PyMemTrack_MAP_OFFSET);
+    uintptr_t a = (uintptr_t)p;
+    *bit = (((a & _PyMemTrack_POOL_MASK) >> _PyMemTrack_GRANULE_SHIFT)
+            - _PyMemTrack_FIRST_GRANULE);
+    return (uint8_t *)((a & ~_PyMemTrack_POOL_MASK) + _PyMemTrack_MAP_OFFSET);
 }
 
 static inline void
 _PyMemTrack_MarkPooled(void *op)
 {
-    uintptr_t g = ((uintptr_t)op & _PyMemTrack_POOL_MASK)
-                  >> _PyMemTrack_GRANULE_SHIFT;
-    _PyMemTrack_PoolMap(op)[g / 64] |= (uint64_t)1 << (g % 64);
+    size_t bit;
+    uint8_t *map = _PyMemTrack_PoolMap(op, &bit);
+    map[bit / 8] |= (uint8_t)(1 << (bit % 8));
 }
 
 extern void _PyMemTrack_NotePeak(void);
@@ -135,31 +137,25 @@ static inline void
 _PyMemTrack_Free(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
-    _Py_memtally *t = _Py_memtrack.free_to;
-    if (t != NULL) {
-        _Py_memtrack.free_to = NULL;
-        _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
-    }
 }
 
-/* pymalloc frees a block: whatever object started in it is gone. */
+/* pymalloc frees a block: whatever object started in it is gone.  The
+   bits of the block's head granules lie in two bytes of the map. */
 static inline void
 _PyMemTrack_FreePooled(void *block, size_t size)
 {
     _PyMemTrack_Free(size);
-    uintptr_t g = ((uintptr_t)block & _PyMemTrack_POOL_MASK)
-                  >> _PyMemTrack_GRANULE_SHIFT;
+    size_t bit;
+    uint8_t *map = _PyMemTrack_PoolMap(block, &bit);
     size_t n = size >> _PyMemTrack_GRANULE_SHIFT;
     if (n > _PyMemTrack_HEAD_GRANULES) {
         n = _PyMemTrack_HEAD_GRANULES;
     }
-    uint64_t span = ((uint64_t)1 << n) - 1;
-    uint64_t *word = &_PyMemTrack_PoolMap(block)[g / 64];
-    unsigned int shift = g % 64;
-    word[0] &= ~(span << shift);
-    if (shift + n > 64) {
-        word[1] &= ~(span >> (64 - shift));
-    }
+    unsigned int head = ((1u << n) - 1) << (bit % 8);
+    uint8_t *pair = &map[bit / 8];
+    unsigned int bits = (pair[0] | pair[1] << 8) & ~head;
+    pair[0] = (uint8_t)bits;
+    pair[1] = (uint8_t)(bits >> 8);
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve. */
