@@ -305,29 +305,34 @@ _PyMemTrack_ForgetLargeObject(void *block)
 
 /* --- buffers owned by objects of core types ------------------------------ */
 
-void
-_PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
+/* t (if not NULL) claims the block ptr (if not NULL), or gives it back. */
+static void
+claim(_Py_memtally *t, void *ptr)
 {
-    _Py_memtally *t = type_tally(owner, 1);
-    if (t != NULL) {
+    if (t != NULL && ptr != NULL) {
         _PyMemTrack_Claim(t, _PyMem_ReservedSize(ptr));
     }
 }
 
-void
-_PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr)
+static void
+unclaim(_Py_memtally *t, void *ptr)
 {
-    _Py_memtally *t = type_tally(owner, 0);
-    if (t != NULL) {
+    if (t != NULL && ptr != NULL) {
         _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
     }
 }
 
 void
+_PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
+{
+    claim(type_tally(owner, 1), ptr);
+}
+
+void
 _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
 {
-    _PyMemTrack_UnclaimBlock(from, ptr);
-    _PyMemTrack_ClaimBlock(to, ptr);
+    unclaim(type_tally(from, 0), ptr);
+    claim(type_tally(to, 1), ptr);
 }
 
 /* A new block (if the allocator gave one) becomes owner's. */
@@ -346,13 +351,9 @@ static void *
 realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
                 void *(*resize)(void *, size_t))
 {
-    if (t != NULL && ptr != NULL) {
-        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
-    }
+    unclaim(t, ptr);
     void *new = resize(ptr, size);
-    if (t != NULL && (new != NULL || ptr != NULL)) {
-        _PyMemTrack_Claim(t, _PyMem_ReservedSize(new != NULL ? new : ptr));
-    }
+    claim(t, new != NULL ? new : ptr);
     return new;
 }
 
@@ -360,9 +361,7 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
 static void
 free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
 {
-    if (t != NULL && ptr != NULL) {
-        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
-    }
+    unclaim(t, ptr);
     release(ptr);
 }
 
@@ -474,10 +473,7 @@ void *
 PyObject_TrackedMalloc(const char *what, size_t nbytes)
 {
     void *ptr = PyObject_Malloc(nbytes);
-    _Py_memtally *t;
-    if (ptr != NULL && (t = named_tally(what)) != NULL) {
-        _PyMemTrack_Claim(t, _PyMem_ReservedSize(ptr));
-    }
+    claim(ptr != NULL ? named_tally(what) : NULL, ptr);
     return ptr;
 }
 

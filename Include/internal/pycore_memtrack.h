@@ -207,7 +207,6 @@ extern void _PyMemTrack_ForgetType(PyTypeObject *type);
    These and the _PyMem_Owned functions are exported for the array
    module. */
 PyAPI_FUNC(void) _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
-extern void _PyMemTrack_UnclaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
                                   void *ptr);
 
@@ -234,7 +233,6 @@ extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
 #else
 
 #  define _PyMemTrack_ClaimBlock(owner, ptr) ((void)0)
-#  define _PyMemTrack_UnclaimBlock(owner, ptr) ((void)0)
 #  define _PyMemTrack_MoveBlock(from, to, ptr) ((void)0)
 #  define _PyMem_OwnedMalloc(owner, size) PyMem_Malloc(size)
 #  define _PyMem_OwnedCalloc(owner, nelem, elsize) PyMem_Calloc(nelem, elsize)
