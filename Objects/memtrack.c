@@ -335,16 +335,6 @@ _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
     claim(type_tally(to, 1), ptr);
 }
 
-/* A new block (if the allocator gave one) becomes owner's. */
-static void *
-claimed_new(PyTypeObject *owner, void *ptr)
-{
-    if (ptr != NULL) {
-        _PyMemTrack_ClaimBlock(owner, ptr);
-    }
-    return ptr;
-}
-
 /* Reallocate a block that t (if not NULL) claims: the claim follows the
    block, or stays with the old one if the allocator fails. */
 static void *
@@ -357,54 +347,16 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
     return new;
 }
 
-/* Free a block that t (if not NULL) claims. */
-static void
-free_claimed(_Py_memtally *t, void *ptr, void (*release)(void *))
-{
-    unclaim(t, ptr);
-    release(ptr);
-}
-
-void *
-_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
-{
-    return claimed_new(owner, PyMem_Malloc(size));
-}
-
-void *
-_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
-{
-    return claimed_new(owner, PyMem_Calloc(nelem, elsize));
-}
-
 void *
 _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
     return realloc_claimed(type_tally(owner, 1), ptr, size, PyMem_Realloc);
 }
 
-void
-_PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
-{
-    free_claimed(type_tally(owner, 0), ptr, PyMem_Free);
-}
-
-void *
-_PyObject_OwnedMalloc(PyTypeObject *owner, size_t size)
-{
-    return claimed_new(owner, PyObject_Malloc(size));
-}
-
 void *
 _PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
     return realloc_claimed(type_tally(owner, 1), ptr, size, PyObject_Realloc);
-}
-
-void
-_PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
-{
-    free_claimed(type_tally(owner, 0), ptr, PyObject_Free);
 }
 
 
@@ -486,7 +438,8 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    free_claimed(ptr != NULL ? named_tally(what) : NULL, ptr, PyObject_Free);
+    _PyMemTrack_FreeClaimed(ptr != NULL ? named_tally(what) : NULL, ptr,
+                            PyObject_Free);
 }
 
 

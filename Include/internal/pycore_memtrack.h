@@ -55,8 +55,11 @@ struct _Py_memtrack_locked {
     /* The block pymalloc handed out last: an object made in it is known to
        be in a pool without asking. */
     void *last_block;
+    /* While an owned block is freed, its tally: whichever allocator frees
+       the block gives it back what it had reserved. */
+    struct _Py_memtally *freeing_for;
 };
-extern struct _Py_memtrack_locked _Py_memtrack;
+PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 
 /* pymalloc's pools, as the object marks see them (obmalloc.c checks that
    they agree): 16 KiB, aligned, of 16-byte granules.  The header ends with
@@ -64,6 +67,7 @@ extern struct _Py_memtrack_locked _Py_memtrack;
 #define _PyMemTrack_POOL_SIZE (1 << 14)
 #define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
 #define _PyMemTrack_GRANULE_SHIFT 4
+#define _PyMemTrack_SZIDX_OFFSET 36
 #define _PyMemTrack_MAP_OFFSET 48
 #define _PyMemTrack_MAP_BYTES 128
 #define _PyMemTrack_FIRST_GRANULE \
@@ -81,6 +85,17 @@ _PyMemTrack_PoolMap(void *p, size_t *bit)
     *bit = (((a & _PyMemTrack_POOL_MASK) >> _PyMemTrack_GRANULE_SHIFT)
             - _PyMemTrack_FIRST_GRANULE);
     return (uint8_t *)((a & ~_PyMemTrack_POOL_MASK) + _PyMemTrack_MAP_OFFSET);
+}
+
+/* The size of a block in a pool: pymalloc's INDEX2SIZE(pool->szidx). */
+static inline size_t
+_PyMemTrack_PooledSize(const void *block)
+{
+    uintptr_t pool = (uintptr_t)block & ~_PyMemTrack_POOL_MASK;
+    unsigned int szidx;
+    memcpy(&szidx, (const void *)(pool + _PyMemTrack_SZIDX_OFFSET),
+           sizeof(szidx));
+    return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
 }
 
 static inline void
@@ -137,6 +152,10 @@ static inline void
 _PyMemTrack_Free(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
+    if (_Py_memtrack.freeing_for != NULL) {
+        _PyMemTrack_Unclaim(_Py_memtrack.freeing_for, (Py_ssize_t)size);
+        _Py_memtrack.freeing_for = NULL;
+    }
 }
 
 /* pymalloc frees a block: whatever object started in it is gone.  The
@@ -204,24 +223,77 @@ extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
 /* A block of the mem or object domain that an object of `owner` owns.
-   These and the _PyMem_Owned functions are exported for the array
-   module. */
+   These are exported for the array module, which uses the inline
+   functions below too. */
 PyAPI_FUNC(void) _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
                                   void *ptr);
 
+/* A block just allocated for an object of `owner`, if the allocator gave
+   one.  The usual case, a block pymalloc has just handed out to a type
+   that already has a tally, is done here. */
+static inline void *
+_PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
+{
+    _Py_memtally *t = (_Py_memtally *)owner->tp_cache;
+    if (ptr == _Py_memtrack.last_block && ptr != NULL && t != NULL) {
+        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PooledSize(ptr));
+    }
+    else if (ptr != NULL) {
+        _PyMemTrack_ClaimBlock(owner, ptr);
+    }
+    return ptr;
+}
+
+/* Free a block that t (if not NULL) claims. */
+static inline void
+_PyMemTrack_FreeClaimed(_Py_memtally *t, void *ptr, void (*release)(void *))
+{
+    _Py_memtrack.freeing_for = t;
+    release(ptr);
+    /* Unless the allocator freed a block. */
+    _Py_memtrack.freeing_for = NULL;
+}
+
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
-PyAPI_FUNC(void *) _PyMem_OwnedMalloc(PyTypeObject *owner, size_t size);
-PyAPI_FUNC(void *) _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem,
-                                       size_t elsize);
+static inline void *
+_PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
+{
+    return _PyMemTrack_ClaimNew(owner, PyMem_Malloc(size));
+}
+
+static inline void *
+_PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
+{
+    return _PyMemTrack_ClaimNew(owner, PyMem_Calloc(nelem, elsize));
+}
+
 PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
                                         size_t size);
-PyAPI_FUNC(void) _PyMem_OwnedFree(PyTypeObject *owner, void *ptr);
+
+static inline void
+_PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
+{
+    _PyMemTrack_FreeClaimed((_Py_memtally *)owner->tp_cache, ptr,
+                            PyMem_Free);
+}
+
 /* The same, from the object domain. */
-extern void *_PyObject_OwnedMalloc(PyTypeObject *owner, size_t size);
+static inline void *
+_PyObject_OwnedMalloc(PyTypeObject *owner, size_t size)
+{
+    return _PyMemTrack_ClaimNew(owner, PyObject_Malloc(size));
+}
+
 extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
                                     size_t size);
-extern void _PyObject_OwnedFree(PyTypeObject *owner, void *ptr);
+
+static inline void
+_PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
+{
+    _PyMemTrack_FreeClaimed((_Py_memtally *)owner->tp_cache, ptr,
+                            PyObject_Free);
+}
 
 /* For sys: totals, peak, and the tags as a dict. */
 extern Py_ssize_t _PyMemTrack_TotalBytes(void);
