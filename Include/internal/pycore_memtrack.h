@@ -63,28 +63,34 @@ PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 
 /* pymalloc's pools, as the object marks see them (obmalloc.c checks that
    they agree): 16 KiB, aligned, of 16-byte granules.  The header ends with
-   a map of a bit for each granule after it, where blocks lie. */
+   a map of a bit for each granule; the map's first byte would only cover
+   the header itself, and is left out. */
 #define _PyMemTrack_POOL_SIZE (1 << 14)
 #define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
 #define _PyMemTrack_GRANULE_SHIFT 4
 #define _PyMemTrack_SZIDX_OFFSET 36
 #define _PyMemTrack_MAP_OFFSET 48
 #define _PyMemTrack_MAP_BYTES 128
-#define _PyMemTrack_FIRST_GRANULE \
-    ((_PyMemTrack_MAP_OFFSET + _PyMemTrack_MAP_BYTES) \
-     >> _PyMemTrack_GRANULE_SHIFT)
-/* An object starts within this many granules of its block: after the debug
-   hooks' pad, the GC header and the managed dict's two pointers. */
+/* An object starts within this many granules of its block (its head):
+   after the debug hooks' pad, the GC header and the managed dict's two
+   pointers. */
 #define _PyMemTrack_HEAD_GRANULES 4
+#define _PyMemTrack_SIZE_CLASSES 32
 
-/* The map of the pool holding p, and the bit of p's granule in it. */
+/* The bits of a block's head, by size class. */
+extern const uint8_t _PyMemTrack_head_masks[_PyMemTrack_SIZE_CLASSES];
+
+/* Where the map holds the bit of p's granule: the bit's byte, and its
+   place there.  A block's head lies in the two bytes from its start's. */
 static inline uint8_t *
-_PyMemTrack_PoolMap(void *p, size_t *bit)
+_PyMemTrack_MapByte(const void *p, unsigned int *bit)
 {
     uintptr_t a = (uintptr_t)p;
-    *bit = (((a & _PyMemTrack_POOL_MASK) >> _PyMemTrack_GRANULE_SHIFT)
-            - _PyMemTrack_FIRST_GRANULE);
-    return (uint8_t *)((a & ~_PyMemTrack_POOL_MASK) + _PyMemTrack_MAP_OFFSET);
+    *bit = (a >> _PyMemTrack_GRANULE_SHIFT) % 8;
+    return (uint8_t *)((a & ~_PyMemTrack_POOL_MASK)
+                       + _PyMemTrack_MAP_OFFSET - 1
+                       + ((a & _PyMemTrack_POOL_MASK)
+                          >> (_PyMemTrack_GRANULE_SHIFT + 3)));
 }
 
 /* The size of a block in a pool: pymalloc's INDEX2SIZE(pool->szidx). */
@@ -101,9 +107,9 @@ _PyMemTrack_PooledSize(const void *block)
 static inline void
 _PyMemTrack_MarkPooled(void *op)
 {
-    size_t bit;
-    uint8_t *map = _PyMemTrack_PoolMap(op, &bit);
-    map[bit / 8] |= (uint8_t)(1 << (bit % 8));
+    unsigned int bit;
+    uint8_t *byte = _PyMemTrack_MapByte(op, &bit);
+    *byte |= (uint8_t)(1u << bit);
 }
 
 extern void _PyMemTrack_NotePeak(void);
@@ -158,23 +164,21 @@ _PyMemTrack_Free(size_t size)
     }
 }
 
-/* pymalloc frees a block: whatever object started in it is gone.  The
-   bits of the block's head granules lie in two bytes of the map. */
+/* pymalloc frees a block of size class szidx: whatever object started in
+   it is gone. */
 static inline void
-_PyMemTrack_FreePooled(void *block, size_t size)
+_PyMemTrack_FreePooled(void *block, unsigned int szidx)
 {
-    _PyMemTrack_Free(size);
-    size_t bit;
-    uint8_t *map = _PyMemTrack_PoolMap(block, &bit);
-    size_t n = size >> _PyMemTrack_GRANULE_SHIFT;
-    if (n > _PyMemTrack_HEAD_GRANULES) {
-        n = _PyMemTrack_HEAD_GRANULES;
+    _PyMemTrack_Free(((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT);
+    unsigned int bit;
+    uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
+    uint16_t pair, bits;
+    memcpy(&pair, byte, sizeof(pair));
+    bits = pair & ~(_PyMemTrack_head_masks[szidx] << bit);
+    /* A buffer's head is clear already: leave the line alone. */
+    if (bits != pair) {
+        memcpy(byte, &bits, sizeof(bits));
     }
-    unsigned int head = ((1u << n) - 1) << (bit % 8);
-    uint8_t *pair = &map[bit / 8];
-    unsigned int bits = (pair[0] | pair[1] << 8) & ~head;
-    pair[0] = (uint8_t)bits;
-    pair[1] = (uint8_t)(bits >> 8);
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve. */
