@@ -75,6 +75,8 @@ PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
    after the debug hooks' pad, the GC header and the managed dict's two
    pointers. */
 #define _PyMemTrack_HEAD_GRANULES 4
+#define _PyMemTrack_HEAD_BYTES \
+    (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
 #define _PyMemTrack_SIZE_CLASSES 32
 
 /* The bits of a block's head, by size class. */
@@ -93,7 +95,14 @@ _PyMemTrack_MapByte(const void *p, unsigned int *bit)
                           >> (_PyMemTrack_GRANULE_SHIFT + 3)));
 }
 
-/* The size of a block in a pool: pymalloc's INDEX2SIZE(pool->szidx). */
+/* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
+static inline size_t
+_PyMemTrack_ClassSize(unsigned int szidx)
+{
+    return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
+}
+
+/* The size of a block in a pool, from its pool's header. */
 static inline size_t
 _PyMemTrack_PooledSize(const void *block)
 {
@@ -101,7 +110,7 @@ _PyMemTrack_PooledSize(const void *block)
     unsigned int szidx;
     memcpy(&szidx, (const void *)(pool + _PyMemTrack_SZIDX_OFFSET),
            sizeof(szidx));
-    return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
+    return _PyMemTrack_ClassSize(szidx);
 }
 
 static inline void
@@ -169,7 +178,7 @@ _PyMemTrack_Free(size_t size)
 static inline void
 _PyMemTrack_FreePooled(void *block, unsigned int szidx)
 {
-    _PyMemTrack_Free(((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT);
+    _PyMemTrack_Free(_PyMemTrack_ClassSize(szidx));
     unsigned int bit;
     uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
     uint16_t pair, bits;
@@ -208,7 +217,7 @@ _PyMemTrack_NewObject(PyObject *op)
     /* An object made in the block pymalloc handed out last is in that
        block's pool. */
     uintptr_t past = (uintptr_t)op - (uintptr_t)_Py_memtrack.last_block;
-    if (past < (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
+    if (past < _PyMemTrack_HEAD_BYTES
         && ((uintptr_t)op & _PyMemTrack_POOL_MASK) >= past)
     {
         _PyMemTrack_MarkPooled(op);
