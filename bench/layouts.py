@@ -43,11 +43,13 @@ def check_build(build):
                          f"CFLAGS=-ffunction-sections LDFLAGS={LINKER}")
 
 
-def link(build, ldflags):
+def link(build, *make_args):
+    """Relink build's python; configure's own LDFLAGS (lld) stay in force,
+    and LDFLAGS given here are added to them."""
     python = os.path.join(build, "python")
     if os.path.exists(python):
         os.remove(python)
-    subprocess.run(["make", "-C", build, "python", f"LDFLAGS={ldflags}"],
+    subprocess.run(["make", "-C", build, "python", *make_args],
                    stdout=subprocess.DEVNULL, check=True)
     return python
 
@@ -56,11 +58,11 @@ def layouts(build, seeds):
     """Link one python per seed, each with its own order of functions."""
     out = []
     for seed in seeds:
-        python = link(build, f"{LINKER} -Wl,--shuffle-sections=.text*={seed}")
+        python = link(build, f"LDFLAGS=-Wl,--shuffle-sections=.text*={seed}")
         path = os.path.join(build, f"python-layout-{seed}")
         os.replace(python, path)
         out.append(path)
-    link(build, LINKER)
+    link(build)
     return out
 
 
