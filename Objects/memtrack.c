@@ -145,19 +145,6 @@ _PyMemTrack_FrameStack(Py_ssize_t delta)
 }
 
 
-/* --- pymalloc's pools ---------------------------------------------------- */
-
-/* The head of a block of size class i is its first min(i + 1, 4)
-   granules. */
-static_assert(_PyMemTrack_HEAD_GRANULES == 4,
-              "_PyMemTrack_head_masks is written for heads of 4 granules");
-const uint8_t _PyMemTrack_head_masks[_PyMemTrack_SIZE_CLASSES] = {
-    0x1, 0x3, 0x7, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf,
-    0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf, 0xf,
-    0xf, 0xf, 0xf, 0xf,
-};
-
-
 /* --- tallies ------------------------------------------------------------- */
 
 static _Py_memtally *

@@ -20,7 +20,17 @@ extern "C" {
    counts as an object's exactly as long as it is allocated.  Buffers an
    object owns (list items, dict tables, ...) are fewer: their owners claim
    them for their type's tally.  The anonymous tag is what no one has
-   marked or claimed. */
+   marked or claimed.
+
+   The marks are kept lazily, so that an int made and dropped in a loop
+   costs little more than its two trips through pymalloc.  A free leaves the
+   map alone and stamps the block instead; a walk skips stamped blocks.  A
+   block handed out again usually gets an object where its last one
+   started, and finds the mark already there.  Otherwise the map is put
+   right by whoever comes next: _Py_NewReference() rewrites the block's
+   marks, and if no object is made in it, the next allocation (or the walk)
+   clears them.  So the marks of every allocated block but the one handed
+   out last are exact, and no block's head ever has more than one mark. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -52,9 +62,10 @@ struct _Py_memtrack_locked {
     Py_ssize_t bytes;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
-    /* The block pymalloc handed out last: an object made in it is known to
-       be in a pool without asking. */
-    void *last_block;
+    /* The block pymalloc handed out last, until an object is made in it,
+       with its head's length in granules in the low bits.  Its marks are
+       from its earlier life. */
+    uintptr_t last_block;
     /* While an owned block is freed, its tally: whichever allocator frees
        the block gives it back what it had reserved. */
     struct _Py_memtally *freeing_for;
@@ -77,21 +88,25 @@ PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 #define _PyMemTrack_HEAD_GRANULES 4
 #define _PyMemTrack_HEAD_BYTES \
     (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
-#define _PyMemTrack_SIZE_CLASSES 32
+#define _PyMemTrack_GRANULE_MASK \
+    (((uintptr_t)1 << _PyMemTrack_GRANULE_SHIFT) - 1)
 
-/* The bits of a block's head, by size class. */
-extern const uint8_t _PyMemTrack_head_masks[_PyMemTrack_SIZE_CLASSES];
+/* What pymalloc's free writes into a block's second word.  No block that
+   holds an object has it there: the word is the object's type, the GC
+   header's prev link (a pointer, or a count shifted by two, with two flag
+   bits), the managed dict, or the debug hooks' pad; and the stamp is above
+   every address and count. */
+#define _PyMemTrack_FREED ((uintptr_t)-5)
 
 /* Where the map holds the bit of p's granule: the bit's byte, and its
    place there.  A block's head lies in the two bytes from its start's. */
 static inline uint8_t *
-_PyMemTrack_MapByte(const void *p, unsigned int *bit)
+_PyMemTrack_MapByte(uintptr_t p, unsigned int *bit)
 {
-    uintptr_t a = (uintptr_t)p;
-    *bit = (a >> _PyMemTrack_GRANULE_SHIFT) % 8;
-    return (uint8_t *)((a & ~_PyMemTrack_POOL_MASK)
+    *bit = (p >> _PyMemTrack_GRANULE_SHIFT) % 8;
+    return (uint8_t *)((p & ~_PyMemTrack_POOL_MASK)
                        + _PyMemTrack_MAP_OFFSET - 1
-                       + ((a & _PyMemTrack_POOL_MASK)
+                       + ((p & _PyMemTrack_POOL_MASK)
                           >> (_PyMemTrack_GRANULE_SHIFT + 3)));
 }
 
@@ -100,6 +115,14 @@ static inline size_t
 _PyMemTrack_ClassSize(unsigned int szidx)
 {
     return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
+}
+
+/* How many granules the head of a block of size class szidx has. */
+static inline unsigned int
+_PyMemTrack_HeadGranules(unsigned int szidx)
+{
+    return (szidx < _PyMemTrack_HEAD_GRANULES
+            ? szidx + 1 : _PyMemTrack_HEAD_GRANULES);
 }
 
 /* The size of a block in a pool, from its pool's header. */
@@ -113,12 +136,33 @@ _PyMemTrack_PooledSize(const void *block)
     return _PyMemTrack_ClassSize(szidx);
 }
 
+/* Mark the head of a block, of so many granules, with no object but one
+   that starts at `op` (0 for none). */
 static inline void
-_PyMemTrack_MarkPooled(void *op)
+_PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
 {
     unsigned int bit;
-    uint8_t *byte = _PyMemTrack_MapByte(op, &bit);
-    *byte |= (uint8_t)(1u << bit);
+    uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
+    uint16_t pair, head = (uint16_t)(((1u << granules) - 1) << bit);
+    memcpy(&pair, byte, sizeof(pair));
+    pair &= ~head;
+    if (op != 0) {
+        pair |= (uint16_t)(1u << (bit + ((op - block)
+                                         >> _PyMemTrack_GRANULE_SHIFT)));
+    }
+    memcpy(byte, &pair, sizeof(pair));
+}
+
+/* No object was made in the block handed out last: clear its head. */
+static inline void
+_PyMemTrack_ForgetLastBlock(void)
+{
+    uintptr_t last = _Py_memtrack.last_block;
+    if (last != 0) {
+        _Py_memtrack.last_block = 0;
+        _PyMemTrack_MarkHead(last & ~_PyMemTrack_GRANULE_MASK,
+                             last & _PyMemTrack_GRANULE_MASK, 0);
+    }
 }
 
 extern void _PyMemTrack_NotePeak(void);
@@ -154,12 +198,14 @@ _PyMemTrack_Count(size_t size)
     }
 }
 
-/* ...by pymalloc, for which it knows the block... */
+/* ...by pymalloc, for which it knows the block and its size class... */
 static inline void
-_PyMemTrack_Alloc(void *block, size_t size)
+_PyMemTrack_Alloc(void *block, unsigned int szidx)
 {
-    _PyMemTrack_Count(size);
-    _Py_memtrack.last_block = block;
+    _PyMemTrack_Count(_PyMemTrack_ClassSize(szidx));
+    _PyMemTrack_ForgetLastBlock();
+    _Py_memtrack.last_block = ((uintptr_t)block
+                               | _PyMemTrack_HeadGranules(szidx));
 }
 
 /* ...and by all of them when they free a block. */
@@ -174,20 +220,12 @@ _PyMemTrack_Free(size_t size)
 }
 
 /* pymalloc frees a block of size class szidx: whatever object started in
-   it is gone. */
+   it is gone, though its mark stays. */
 static inline void
 _PyMemTrack_FreePooled(void *block, unsigned int szidx)
 {
     _PyMemTrack_Free(_PyMemTrack_ClassSize(szidx));
-    unsigned int bit;
-    uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
-    uint16_t pair, bits;
-    memcpy(&pair, byte, sizeof(pair));
-    bits = pair & ~(_PyMemTrack_head_masks[szidx] << bit);
-    /* A buffer's head is clear already: leave the line alone. */
-    if (bits != pair) {
-        memcpy(byte, &bits, sizeof(bits));
-    }
+    ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve. */
@@ -214,21 +252,31 @@ extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
-    /* An object made in the block pymalloc handed out last is in that
-       block's pool. */
-    uintptr_t past = (uintptr_t)op - (uintptr_t)_Py_memtrack.last_block;
-    if (past < _PyMemTrack_HEAD_BYTES
-        && ((uintptr_t)op & _PyMemTrack_POOL_MASK) >= past)
+    /* The usual case: an object made in the head of the block pymalloc
+       handed out last, where the block's last object started too. */
+    uintptr_t last = _Py_memtrack.last_block;
+    uintptr_t past = (uintptr_t)op - (last & ~_PyMemTrack_GRANULE_MASK);
+    unsigned int bit;
+    uint8_t *byte = _PyMemTrack_MapByte((uintptr_t)op, &bit);
+    if (past < ((last & _PyMemTrack_GRANULE_MASK)
+                << _PyMemTrack_GRANULE_SHIFT)
+        && (*byte >> bit) & 1)
     {
-        _PyMemTrack_MarkPooled(op);
+        _Py_memtrack.last_block = 0;
     }
     else {
         _PyMemTrack_NewObjectSlow(op);
     }
 }
 
-/* For sys.type_memory_usage(): visit every object marked in the pools
-   with the size of its block, and count the blocks in the pools. */
+/* _Py_NewReference() for an object taken from a free list, which needs no
+   mark: its block was never freed, so the mark of its first life stands.
+   The generic path would find that out, but only after asking pymalloc
+   whether the object is in a pool. */
+extern void _Py_NewReferenceFromFreeList(PyObject *op);
+
+/* For sys.type_memory_usage(): visit every object in the pools with the
+   size of its block, and count the blocks in the pools. */
 typedef void (*_PyMemTrack_visitfunc)(PyObject *op, size_t size, void *arg);
 extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
                                           void *arg);
@@ -249,7 +297,8 @@ static inline void *
 _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = (_Py_memtally *)owner->tp_cache;
-    if (ptr == _Py_memtrack.last_block && ptr != NULL && t != NULL) {
+    uintptr_t last = _Py_memtrack.last_block & ~_PyMemTrack_GRANULE_MASK;
+    if ((uintptr_t)ptr == last && ptr != NULL && t != NULL) {
         _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PooledSize(ptr));
     }
     else if (ptr != NULL) {
@@ -317,6 +366,7 @@ extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
 
 #else
 
+#  define _Py_NewReferenceFromFreeList(op) _Py_NewReference(op)
 #  define _PyMemTrack_ClaimBlock(owner, ptr) ((void)0)
 #  define _PyMemTrack_MoveBlock(from, to, ptr) ((void)0)
 #  define _PyMem_OwnedMalloc(owner, size) PyMem_Malloc(size)

@@ -291,6 +291,47 @@ class MemtrackTests(unittest.TestCase):
                 self.assertLess(sys.type_allocation_counts().get(name, 0),
                                 before - 40)
 
+    def test_block_of_a_dead_object_reused_as_a_buffer(self):
+        # A freed block keeps its object's mark until it is handed out
+        # again.  Taken up by a buffer, it must not be read as an object:
+        # here the buffer holds, where the object's type was, a class that
+        # never has instances.
+        class Sightglass_Dead:
+            __slots__ = ("a",)
+
+        class Sightglass_Never:
+            pass
+        block = instance_block(Sightglass_Dead)
+        items = next(n for n in range(1, 64)
+                     if block_size(n * POINTER) == block)
+        objs = [Sightglass_Dead() for _ in range(N)]
+        del objs
+        bufs = [[Sightglass_Never] * items for _ in range(N)]
+        counts = sys.type_allocation_counts()
+        self.assertNotIn(Sightglass_Dead.__name__, counts)
+        self.assertNotIn(Sightglass_Never.__name__, counts)
+        del bufs
+
+    def test_pool_reused_for_another_size(self):
+        # A pool whose blocks are all freed may serve another size class;
+        # the marks of its old blocks mean nothing for the new ones.  Bare
+        # objects leave a mark every granule (every third under debug
+        # hooks); instances of a plain class start two granules into their
+        # block (three under the hooks), so many of their blocks would find
+        # a stale mark both where the instance starts and before it.
+        class Sightglass_Fresh:
+            pass
+        keep, old = [], []
+        for i in range(200_000):
+            old.append(object())
+            if i % 100 == 0:
+                keep.append(bytes(400))     # a pool of these in each arena
+        del old
+        objs = [Sightglass_Fresh() for _ in range(N)]
+        counts = sys.type_allocation_counts()
+        self.assertEqual(counts[Sightglass_Fresh.__name__], 2 * N)
+        del objs, keep
+
     def test_list_items_count_under_list(self):
         before = sys.type_memory_usage()["list"]
         big = [None] * 10**6
