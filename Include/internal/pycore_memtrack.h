@@ -153,15 +153,36 @@ _PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
     memcpy(byte, &pair, sizeof(pair));
 }
 
+/* The block pymalloc handed out last (0 for none), the length of its
+   head, and whether p lies there. */
+static inline uintptr_t
+_PyMemTrack_LastBlock(void)
+{
+    return _Py_memtrack.last_block & ~_PyMemTrack_GRANULE_MASK;
+}
+
+static inline unsigned int
+_PyMemTrack_LastHeadGranules(void)
+{
+    return _Py_memtrack.last_block & _PyMemTrack_GRANULE_MASK;
+}
+
+static inline int
+_PyMemTrack_InLastHead(uintptr_t p)
+{
+    return (p - _PyMemTrack_LastBlock()
+            < ((uintptr_t)_PyMemTrack_LastHeadGranules()
+               << _PyMemTrack_GRANULE_SHIFT));
+}
+
 /* No object was made in the block handed out last: clear its head. */
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
-    uintptr_t last = _Py_memtrack.last_block;
-    if (last != 0) {
+    if (_Py_memtrack.last_block != 0) {
+        _PyMemTrack_MarkHead(_PyMemTrack_LastBlock(),
+                             _PyMemTrack_LastHeadGranules(), 0);
         _Py_memtrack.last_block = 0;
-        _PyMemTrack_MarkHead(last & ~_PyMemTrack_GRANULE_MASK,
-                             last & _PyMemTrack_GRANULE_MASK, 0);
     }
 }
 
@@ -254,14 +275,9 @@ _PyMemTrack_NewObject(PyObject *op)
 {
     /* The usual case: an object made in the head of the block pymalloc
        handed out last, where the block's last object started too. */
-    uintptr_t last = _Py_memtrack.last_block;
-    uintptr_t past = (uintptr_t)op - (last & ~_PyMemTrack_GRANULE_MASK);
     unsigned int bit;
     uint8_t *byte = _PyMemTrack_MapByte((uintptr_t)op, &bit);
-    if (past < ((last & _PyMemTrack_GRANULE_MASK)
-                << _PyMemTrack_GRANULE_SHIFT)
-        && (*byte >> bit) & 1)
-    {
+    if (_PyMemTrack_InLastHead((uintptr_t)op) && (*byte >> bit) & 1) {
         _Py_memtrack.last_block = 0;
     }
     else {
@@ -297,8 +313,9 @@ static inline void *
 _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = (_Py_memtally *)owner->tp_cache;
-    uintptr_t last = _Py_memtrack.last_block & ~_PyMemTrack_GRANULE_MASK;
-    if ((uintptr_t)ptr == last && ptr != NULL && t != NULL) {
+    if ((uintptr_t)ptr == _PyMemTrack_LastBlock() && ptr != NULL
+        && t != NULL)
+    {
         _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PooledSize(ptr));
     }
     else if (ptr != NULL) {
