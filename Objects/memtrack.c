@@ -19,6 +19,7 @@
 #define RELAXED memory_order_relaxed
 
 struct _Py_memtrack_locked _Py_memtrack;
+struct _Py_memtrack_recent _Py_memtrack_recent;
 /* Blocks of the mem and object domains from outside the pools. */
 static Py_ssize_t large_blocks;
 
@@ -79,6 +80,13 @@ _PyMemTrack_NotePeak(void)
                        - _PyMemTrack_TotalBytes());
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark,
                              (uintptr_t)(_Py_memtrack.bytes + room));
+}
+
+void *
+_PyMemTrack_NotePeakFor(void *block)
+{
+    _PyMemTrack_NotePeak();
+    return block;
 }
 
 static void

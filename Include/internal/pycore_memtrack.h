@@ -62,9 +62,8 @@ struct _Py_memtrack_locked {
     Py_ssize_t bytes;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
-    /* The block pymalloc handed out last, until an object is made in it,
-       with its head's length in granules in the low bits.  Its marks are
-       from its earlier life. */
+    /* The block pymalloc handed out last, until an object is made in it.
+       Its marks are from its earlier life. */
     uintptr_t last_block;
     /* While an owned block is freed, its tally: whichever allocator frees
        the block gives it back what it had reserved. */
@@ -88,8 +87,6 @@ PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 #define _PyMemTrack_HEAD_GRANULES 4
 #define _PyMemTrack_HEAD_BYTES \
     (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
-#define _PyMemTrack_GRANULE_MASK \
-    (((uintptr_t)1 << _PyMemTrack_GRANULE_SHIFT) - 1)
 
 /* What pymalloc's free writes into a block's second word.  No block that
    holds an object has it there: the word is the object's type, the GC
@@ -125,15 +122,40 @@ _PyMemTrack_HeadGranules(unsigned int szidx)
             ? szidx + 1 : _PyMemTrack_HEAD_GRANULES);
 }
 
-/* The size of a block in a pool, from its pool's header. */
+/* The size class of a block in a pool, from its pool's header. */
+static inline unsigned int
+_PyMemTrack_PooledClass(uintptr_t block)
+{
+    unsigned int szidx;
+    memcpy(&szidx, (const void *)((block & ~_PyMemTrack_POOL_MASK)
+                                  + _PyMemTrack_SZIDX_OFFSET),
+           sizeof(szidx));
+    return szidx;
+}
+
 static inline size_t
 _PyMemTrack_PooledSize(const void *block)
 {
-    uintptr_t pool = (uintptr_t)block & ~_PyMemTrack_POOL_MASK;
-    unsigned int szidx;
-    memcpy(&szidx, (const void *)(pool + _PyMemTrack_SZIDX_OFFSET),
-           sizeof(szidx));
-    return _PyMemTrack_ClassSize(szidx);
+    return _PyMemTrack_ClassSize(_PyMemTrack_PooledClass((uintptr_t)block));
+}
+
+/* The blocks whose heads were marked last, and the object each one's head
+   marks (0 for none), by where the block lies in its pool: a block handed
+   out again is mostly one of these, so _Py_NewReference() can see that its
+   mark is right without reading the map.  Blocks and objects are kept
+   apart so that no two of the words one function stores are neighbours
+   (see the note on layout above). */
+#define _PyMemTrack_RECENT 128
+struct _Py_memtrack_recent {
+    uintptr_t block[_PyMemTrack_RECENT];
+    uintptr_t object[_PyMemTrack_RECENT];
+};
+PyAPI_DATA(struct _Py_memtrack_recent) _Py_memtrack_recent;
+
+static inline size_t
+_PyMemTrack_RecentSlot(uintptr_t block)
+{
+    return (block >> _PyMemTrack_GRANULE_SHIFT) % _PyMemTrack_RECENT;
 }
 
 /* Mark the head of a block, of so many granules, with no object but one
@@ -151,37 +173,45 @@ _PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
                                          >> _PyMemTrack_GRANULE_SHIFT)));
     }
     memcpy(byte, &pair, sizeof(pair));
+    size_t slot = _PyMemTrack_RecentSlot(block);
+    _Py_memtrack_recent.block[slot] = block;
+    _Py_memtrack_recent.object[slot] = op;
 }
 
-/* The block pymalloc handed out last (0 for none), the length of its
-   head, and whether p lies there. */
-static inline uintptr_t
-_PyMemTrack_LastBlock(void)
+/* A pool is set up for a size class: the marks left are for another. */
+static inline void
+_PyMemTrack_ClearPool(uintptr_t pool)
 {
-    return _Py_memtrack.last_block & ~_PyMemTrack_GRANULE_MASK;
+    memset((void *)(pool + _PyMemTrack_MAP_OFFSET), 0,
+           _PyMemTrack_MAP_BYTES);
+    for (size_t i = 0; i < _PyMemTrack_RECENT; i++) {
+        if ((_Py_memtrack_recent.block[i] & ~_PyMemTrack_POOL_MASK)
+            == pool)
+        {
+            _Py_memtrack_recent.object[i] = 0;
+        }
+    }
 }
 
-static inline unsigned int
-_PyMemTrack_LastHeadGranules(void)
-{
-    return _Py_memtrack.last_block & _PyMemTrack_GRANULE_MASK;
-}
-
+/* Whether p lies in the head of the block handed out last. */
 static inline int
 _PyMemTrack_InLastHead(uintptr_t p)
 {
-    return (p - _PyMemTrack_LastBlock()
-            < ((uintptr_t)_PyMemTrack_LastHeadGranules()
-               << _PyMemTrack_GRANULE_SHIFT));
+    uintptr_t last = _Py_memtrack.last_block;
+    return (last != 0
+            && p - last < ((uintptr_t)_PyMemTrack_HeadGranules(
+                               _PyMemTrack_PooledClass(last))
+                           << _PyMemTrack_GRANULE_SHIFT));
 }
 
 /* No object was made in the block handed out last: clear its head. */
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
-    if (_Py_memtrack.last_block != 0) {
-        _PyMemTrack_MarkHead(_PyMemTrack_LastBlock(),
-                             _PyMemTrack_LastHeadGranules(), 0);
+    uintptr_t last = _Py_memtrack.last_block;
+    if (last != 0) {
+        _PyMemTrack_MarkHead(
+            last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), 0);
         _Py_memtrack.last_block = 0;
     }
 }
@@ -219,14 +249,24 @@ _PyMemTrack_Count(size_t size)
     }
 }
 
-/* ...by pymalloc, for which it knows the block and its size class... */
-static inline void
-_PyMemTrack_Alloc(void *block, unsigned int szidx)
+/* ...by pymalloc, for a block it serves a request of nbytes with, and
+   which hands out what this returns: the block.  (So pymalloc keeps no
+   more across a call than the request it already keeps.) */
+extern void *_PyMemTrack_NotePeakFor(void *block);
+
+static inline void *
+_PyMemTrack_Alloc(void *block, size_t nbytes)
 {
-    _PyMemTrack_Count(_PyMemTrack_ClassSize(szidx));
     _PyMemTrack_ForgetLastBlock();
-    _Py_memtrack.last_block = ((uintptr_t)block
-                               | _PyMemTrack_HeadGranules(szidx));
+    _Py_memtrack.last_block = (uintptr_t)block;
+    _Py_memtrack.bytes += (Py_ssize_t)_Py_SIZE_ROUND_UP(
+        nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT);
+    if ((size_t)_Py_memtrack.bytes
+        > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark))
+    {
+        return _PyMemTrack_NotePeakFor(block);
+    }
+    return block;
 }
 
 /* ...and by all of them when they free a block. */
@@ -273,11 +313,19 @@ extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
-    /* The usual case: an object made in the head of the block pymalloc
-       handed out last, where the block's last object started too. */
-    unsigned int bit;
-    uint8_t *byte = _PyMemTrack_MapByte((uintptr_t)op, &bit);
-    if (_PyMemTrack_InLastHead((uintptr_t)op) && (*byte >> bit) & 1) {
+    /* The usual case: an object made in the block pymalloc handed out
+       last, where the block's last object started too, and that block was
+       marked recently. */
+    uintptr_t last = _Py_memtrack.last_block;
+    size_t slot = _PyMemTrack_RecentSlot(last);
+    if (_Py_memtrack_recent.object[slot] == (uintptr_t)op
+        && _Py_memtrack_recent.block[slot] == last)
+    {
+#ifndef NDEBUG
+        unsigned int bit;
+        uint8_t *byte = _PyMemTrack_MapByte((uintptr_t)op, &bit);
+        assert((*byte >> bit) & 1);
+#endif
         _Py_memtrack.last_block = 0;
     }
     else {
@@ -313,7 +361,7 @@ static inline void *
 _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
 {
     _Py_memtally *t = (_Py_memtally *)owner->tp_cache;
-    if ((uintptr_t)ptr == _PyMemTrack_LastBlock() && ptr != NULL
+    if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
         && t != NULL)
     {
         _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PooledSize(ptr));
