@@ -204,15 +204,23 @@ _PyMemTrack_InLastHead(uintptr_t p)
                            << _PyMemTrack_GRANULE_SHIFT));
 }
 
+/* The block handed out last gets its object, `op` (or none, for 0), and
+   is no longer the last. */
+static inline void
+_PyMemTrack_MarkLastHead(uintptr_t op)
+{
+    uintptr_t last = _Py_memtrack.last_block;
+    _PyMemTrack_MarkHead(
+        last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), op);
+    _Py_memtrack.last_block = 0;
+}
+
 /* No object was made in the block handed out last: clear its head. */
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
-    uintptr_t last = _Py_memtrack.last_block;
-    if (last != 0) {
-        _PyMemTrack_MarkHead(
-            last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), 0);
-        _Py_memtrack.last_block = 0;
+    if (_Py_memtrack.last_block != 0) {
+        _PyMemTrack_MarkLastHead(0);
     }
 }
 
@@ -236,15 +244,21 @@ _PyMemTrack_Unclaim(_Py_memtally *t, Py_ssize_t size)
     }
 }
 
+/* Count a block handed out; whether the peak may have to move. */
+static inline int
+_PyMemTrack_CountPassesWatermark(size_t size)
+{
+    _Py_memtrack.bytes += (Py_ssize_t)size;
+    return ((size_t)_Py_memtrack.bytes
+            > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
+}
+
 /* Called by every allocator of the mem and object domains for a block it
    hands out... */
 static inline void
 _PyMemTrack_Count(size_t size)
 {
-    _Py_memtrack.bytes += (Py_ssize_t)size;
-    if ((size_t)_Py_memtrack.bytes
-        > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark))
-    {
+    if (_PyMemTrack_CountPassesWatermark(size)) {
         _PyMemTrack_NotePeak();
     }
 }
@@ -259,10 +273,8 @@ _PyMemTrack_Alloc(void *block, size_t nbytes)
 {
     _PyMemTrack_ForgetLastBlock();
     _Py_memtrack.last_block = (uintptr_t)block;
-    _Py_memtrack.bytes += (Py_ssize_t)_Py_SIZE_ROUND_UP(
-        nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT);
-    if ((size_t)_Py_memtrack.bytes
-        > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark))
+    if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
+            nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT)))
     {
         return _PyMemTrack_NotePeakFor(block);
     }
