@@ -20,6 +20,7 @@ if not hasattr(sys, "total_memory_used"):
 POINTER = struct.calcsize("P")
 GC_HEAD = 2 * POINTER
 MANAGED_DICT = 1 << 4           # Py_TPFLAGS_MANAGED_DICT
+HAVE_GC = 1 << 14               # Py_TPFLAGS_HAVE_GC
 N = 10_000
 _testcapi = import_helper.import_module("_testcapi")
 ALLOCATOR = _testcapi.pymem_getallocatorsname()
@@ -34,7 +35,8 @@ libc.free.argtypes = [ctypes.c_void_p]
 
 
 def block_size(nbytes):
-    """What the allocator reserves for a request of nbytes."""
+    """What the allocator reserves for a request of nbytes.  (malloc() may
+    reserve more: where an object is at hand, object_block() says what.)"""
     nbytes += HOOKS
     if ALLOCATOR.startswith("pymalloc"):
         if nbytes <= 512:
@@ -51,6 +53,27 @@ def instance_block(cls):
     """The block an instance of a plain class occupies, headers included."""
     pre = GC_HEAD + (2 * POINTER if cls.__flags__ & MANAGED_DICT else 0)
     return block_size(cls.__basicsize__ + pre)
+
+
+def object_block(obj):
+    """What the allocator reserved for the block obj lies in.  pymalloc
+    reserves the same for each request of a size, malloc() not always: a
+    free chunk a little too large for a request, but too small to split,
+    is handed out whole.  So malloc()'s are read from obj's own block."""
+    size = sys.getsizeof(obj)       # headers included
+    if ALLOCATOR.startswith("pymalloc") and size + HOOKS <= 512:
+        return block_size(size)
+    flags = type(obj).__flags__
+    pre = ((GC_HEAD if flags & HAVE_GC else 0)
+           + (2 * POINTER if flags & MANAGED_DICT else 0))
+    # Debug hooks put 2 size_t before the block, at each domain they wrap.
+    hooked = 2 if ALLOCATOR == "pymalloc_debug" else 1 if HOOKS else 0
+    return libc.malloc_usable_size(id(obj) - pre - hooked * 2 * POINTER)
+
+
+def objects_block(objs):
+    """What the allocator reserved for these objects' blocks."""
+    return sum(map(object_block, objs))
 
 
 def read_together(total, snapshot):
@@ -107,7 +130,7 @@ class MemtrackTests(unittest.TestCase):
         total, usage = read_together(sys.total_memory_used,
                                      sys.type_memory_usage)
         self.assertEqual(sum(usage.values()),
-                         total + block_size(sys.getsizeof(total)))
+                         total + object_block(total))
         blocks, counts = read_together(sys.total_allocation_count,
                                        sys.type_allocation_counts)
         self.assertEqual(sum(counts.values()), blocks + 1)
@@ -118,8 +141,7 @@ class MemtrackTests(unittest.TestCase):
             __slots__ = ("a",)
         name = Sightglass_Slotted.__name__
         objs = [Sightglass_Slotted() for _ in range(N)]
-        self.assertEqual(sys.type_memory_usage()[name],
-                         N * instance_block(Sightglass_Slotted))
+        self.assertEqual(sys.type_memory_usage()[name], objects_block(objs))
         self.assertEqual(sys.type_allocation_counts()[name], N)
         del objs
         self.assertNotIn(name, sys.type_memory_usage())
@@ -147,10 +169,10 @@ class MemtrackTests(unittest.TestCase):
         a = [first() for _ in range(10)]
         b = [second() for _ in range(20)]
         by_type = sys.type_memory_usage(by_type=True)
-        block = instance_block(first)
-        self.assertEqual(by_type[first], 10 * block)
-        self.assertEqual(by_type[second], 20 * block)
-        self.assertEqual(sys.type_memory_usage()["Twin"], 30 * block)
+        self.assertEqual(by_type[first], objects_block(a))
+        self.assertEqual(by_type[second], objects_block(b))
+        self.assertEqual(sys.type_memory_usage()["Twin"],
+                         objects_block(a + b))
         self.assertEqual(sys.type_allocation_counts(by_type=True)[second],
                          20)
         del a, b
@@ -178,7 +200,7 @@ class MemtrackTests(unittest.TestCase):
         del o
         usage = sys.type_memory_usage(by_type=True)
         self.assertNotIn(A, usage)
-        self.assertEqual(usage[B], 50 * instance_block(B))
+        self.assertEqual(usage[B], objects_block(objs))
         del objs, usage
         self.assertNotIn(B, sys.type_memory_usage(by_type=True))
 
@@ -208,7 +230,7 @@ class MemtrackTests(unittest.TestCase):
         for _ in range(10):
             Phoenix()
         self.assertEqual(sys.type_memory_usage(by_type=True)[Phoenix],
-                         10 * instance_block(Phoenix))
+                         objects_block(saved))
         saved.clear()       # finalizers run once: now they go for good
         self.assertNotIn(Phoenix, sys.type_memory_usage(by_type=True))
 
@@ -517,7 +539,7 @@ class MemtrackTests(unittest.TestCase):
         del usage
         # Asking for __dict__ hands the values over to a dict.
         dicts = [o.__dict__ for o in objs]
-        self.assertEqual(sys.type_memory_usage()[name], N * block)
+        self.assertEqual(sys.type_memory_usage()[name], objects_block(objs))
         del dicts, objs
         self.assertNotIn(name, sys.type_memory_usage())
 
@@ -631,7 +653,7 @@ class MemtrackTests(unittest.TestCase):
         api.Py_AdjustTrackedMemory(tag, -4096)
         # The int holding the first reading is all that was allocated.
         self.assertEqual(total - sys.total_memory_used(),
-                         4096 - block_size(sys.getsizeof(total)))
+                         4096 - object_block(total))
         self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
 
     def test_finalizers_switching_threads(self):
