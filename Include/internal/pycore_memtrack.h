@@ -158,6 +158,15 @@ _PyMemTrack_RecentSlot(uintptr_t block)
     return (block >> _PyMemTrack_GRANULE_SHIFT) % _PyMemTrack_RECENT;
 }
 
+/* The head of a block marks op (0: none), as the table will tell. */
+static inline void
+_PyMemTrack_Remember(uintptr_t block, uintptr_t op)
+{
+    size_t slot = _PyMemTrack_RecentSlot(block);
+    _Py_memtrack_recent.block[slot] = block;
+    _Py_memtrack_recent.object[slot] = op;
+}
+
 /* Mark the head of a block, of so many granules, with no object but one
    that starts at `op` (0 for none). */
 static inline void
@@ -173,9 +182,7 @@ _PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
                                          >> _PyMemTrack_GRANULE_SHIFT)));
     }
     memcpy(byte, &pair, sizeof(pair));
-    size_t slot = _PyMemTrack_RecentSlot(block);
-    _Py_memtrack_recent.block[slot] = block;
-    _Py_memtrack_recent.object[slot] = op;
+    _PyMemTrack_Remember(block, op);
 }
 
 /* A pool is set up for a size class: the marks left are for another. */
