@@ -107,6 +107,14 @@ _PyMemTrack_MapByte(uintptr_t p, unsigned int *bit)
                           >> (_PyMemTrack_GRANULE_SHIFT + 3)));
 }
 
+/* Whether an object is marked as starting at p. */
+static inline int
+_PyMemTrack_Marked(uintptr_t p)
+{
+    unsigned int bit;
+    return (*_PyMemTrack_MapByte(p, &bit) >> bit) & 1;
+}
+
 /* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
 static inline size_t
 _PyMemTrack_ClassSize(unsigned int szidx)
@@ -340,11 +348,7 @@ _PyMemTrack_NewObject(PyObject *op)
     if (_Py_memtrack_recent.object[slot] == (uintptr_t)op
         && _Py_memtrack_recent.block[slot] == last)
     {
-#ifndef NDEBUG
-        unsigned int bit;
-        uint8_t *byte = _PyMemTrack_MapByte((uintptr_t)op, &bit);
-        assert((*byte >> bit) & 1);
-#endif
+        assert(_PyMemTrack_Marked((uintptr_t)op));
         _Py_memtrack.last_block = 0;
     }
     else {
