@@ -2,7 +2,9 @@
 
 Each is a function taking no argument that does a fixed amount of work, of
 one kind: the kinds of ../shared/ANCHORS.md section 2, so that our ratios
-stand beside the ones measured there.  Runs on any CPython 3.8 or later.
+stand beside the ones measured there, and `build`, a heap growing into
+memory that held other objects before, which is the memory tracking's
+costliest case.  Runs on any CPython 3.8 or later.
 """
 
 
@@ -94,5 +96,11 @@ def alloc():
     return len(keep)
 
 
+def build():
+    """A table of records built up in new memory, then dropped."""
+    rows = [(i, str(i), {"id": i}) for i in range(30_000)]
+    return len(rows)
+
+
 ALL = {f.__name__: f for f in (fib, methods, loop, builtins, gens, exc,
-                               alloc)}
+                               alloc, build)}
