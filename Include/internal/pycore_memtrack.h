@@ -175,21 +175,28 @@ _PyMemTrack_Remember(uintptr_t block, uintptr_t op)
     _Py_memtrack_recent.object[slot] = op;
 }
 
-/* Mark the head of a block, of so many granules, with no object but one
-   that starts at `op` (0 for none). */
+/* Write the head of a block, of so many granules: `marks` has the bit of
+   the granule, counted from the block's start, where its object starts, or
+   none. */
 static inline void
-_PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
+_PyMemTrack_WriteHead(uintptr_t block, unsigned int granules,
+                      unsigned int marks)
 {
     unsigned int bit;
     uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
-    uint16_t pair, head = (uint16_t)(((1u << granules) - 1) << bit);
+    uint16_t pair;
     memcpy(&pair, byte, sizeof(pair));
-    pair &= ~head;
-    if (op != 0) {
-        pair |= (uint16_t)(1u << (bit + ((op - block)
-                                         >> _PyMemTrack_GRANULE_SHIFT)));
-    }
+    pair &= (uint16_t)~(((1u << granules) - 1) << bit);
+    pair |= (uint16_t)(marks << bit);
     memcpy(byte, &pair, sizeof(pair));
+}
+
+/* Mark the head of a block, of so many granules, with one object, op. */
+static inline void
+_PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
+{
+    _PyMemTrack_WriteHead(block, granules,
+                          1u << ((op - block) >> _PyMemTrack_GRANULE_SHIFT));
     _PyMemTrack_Remember(block, op);
 }
 
@@ -208,34 +215,16 @@ _PyMemTrack_ClearPool(uintptr_t pool)
     }
 }
 
-/* Whether p lies in the head of the block handed out last. */
-static inline int
-_PyMemTrack_InLastHead(uintptr_t p)
-{
-    uintptr_t last = _Py_memtrack.last_block;
-    return (last != 0
-            && p - last < ((uintptr_t)_PyMemTrack_HeadGranules(
-                               _PyMemTrack_PooledClass(last))
-                           << _PyMemTrack_GRANULE_SHIFT));
-}
-
-/* The block handed out last gets its object, `op` (or none, for 0), and
-   is no longer the last. */
-static inline void
-_PyMemTrack_MarkLastHead(uintptr_t op)
-{
-    uintptr_t last = _Py_memtrack.last_block;
-    _PyMemTrack_MarkHead(
-        last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), op);
-    _Py_memtrack.last_block = 0;
-}
-
 /* No object was made in the block handed out last: clear its head. */
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
-    if (_Py_memtrack.last_block != 0) {
-        _PyMemTrack_MarkLastHead(0);
+    uintptr_t last = _Py_memtrack.last_block;
+    if (last != 0) {
+        _PyMemTrack_WriteHead(
+            last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), 0);
+        _PyMemTrack_Remember(last, 0);
+        _Py_memtrack.last_block = 0;
     }
 }
 
