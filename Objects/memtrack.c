@@ -25,7 +25,12 @@ static Py_ssize_t large_blocks;
 
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
-static _Atomic Py_ssize_t peak_bytes;
+/* The peak is the larger of two: the one seen when the mem and object
+   domains grow, kept with the GIL held so that a program growing its heap
+   pays no atomic operation per block, and the one seen when the others do,
+   from any thread. */
+static Py_ssize_t locked_peak;
+static _Atomic Py_ssize_t other_peak;
 
 /* Every tally, types' and names'; names are found by a walk. */
 static _Py_memtally *tallies;
@@ -58,26 +63,37 @@ _PyMemTrack_TotalBlocks(void)
 }
 
 static void
-raise_peak(void)
+raise_other_peak(void)
 {
     Py_ssize_t now = _PyMemTrack_TotalBytes();
-    Py_ssize_t peak = atomic_load_explicit(&peak_bytes, RELAXED);
+    Py_ssize_t peak = atomic_load_explicit(&other_peak, RELAXED);
     while (now > peak
-           && !atomic_compare_exchange_weak_explicit(&peak_bytes, &peak, now,
+           && !atomic_compare_exchange_weak_explicit(&other_peak, &peak, now,
                                                      RELAXED, RELAXED))
     {
     }
 }
 
+/* GIL held: the total is `now`; the peak, which this returns, is at
+   least that. */
+static Py_ssize_t
+raise_peak(Py_ssize_t now)
+{
+    if (now > locked_peak) {
+        locked_peak = now;
+    }
+    Py_ssize_t other = atomic_load_explicit(&other_peak, RELAXED);
+    return other > locked_peak ? other : locked_peak;
+}
+
 void
 _PyMemTrack_NotePeak(void)
 {
-    /* GIL held.  Until the locked bytes pass the watermark, the total
-       cannot pass the peak (unless the other counts grow: they lower the
-       watermark when they do). */
-    raise_peak();
-    Py_ssize_t room = (atomic_load_explicit(&peak_bytes, RELAXED)
-                       - _PyMemTrack_TotalBytes());
+    /* Until the locked bytes pass the watermark, the total cannot pass the
+       peak (unless the other counts grow: they lower the watermark when
+       they do). */
+    Py_ssize_t now = _PyMemTrack_TotalBytes();
+    Py_ssize_t room = raise_peak(now) - now;
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark,
                              (uintptr_t)(_Py_memtrack.bytes + room));
 }
@@ -92,21 +108,21 @@ _PyMemTrack_NotePeakFor(void *block)
 static void
 other_counts_grew(void)
 {
-    raise_peak();
+    raise_other_peak();
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
 
 Py_ssize_t
 _PyMemTrack_PeakBytes(void)
 {
-    raise_peak();
-    return atomic_load_explicit(&peak_bytes, RELAXED);
+    return raise_peak(_PyMemTrack_TotalBytes());
 }
 
 void
 _PyMemTrack_ResetPeak(void)
 {
-    atomic_store_explicit(&peak_bytes, _PyMemTrack_TotalBytes(), RELAXED);
+    locked_peak = _PyMemTrack_TotalBytes();
+    atomic_store_explicit(&other_peak, locked_peak, RELAXED);
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
 

@@ -612,6 +612,29 @@ class MemtrackTests(unittest.TestCase):
         sys.reset_peak_memory_used()
         self.assertLess(sys.peak_memory_used(), start + 2**20)
 
+    def test_peak_counts_the_raw_domain(self):
+        # A CDLL call releases the GIL: the raw domain's allocator runs
+        # without it, as it may.
+        libpython = ctypes.CDLL(None)
+        libpython.PyMem_RawMalloc.restype = ctypes.c_void_p
+        libpython.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
+        libpython.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+        mib = 2**20
+        sys.reset_peak_memory_used()
+        start = sys.total_memory_used()
+        blob = bytes(2 * mib)
+        del blob
+        # The object domain has 2 MiB of room below the peak now.  A raw
+        # block of 10 MiB must take it away: the megabyte allocated next is
+        # a new peak.  (Reading the peak would raise it to the total, so it
+        # is read only after the moment it must have seen.)
+        raw = libpython.PyMem_RawMalloc(10 * mib)
+        blob = bytes(mib)
+        del blob
+        libpython.PyMem_RawFree(raw)
+        self.assertGreaterEqual(sys.peak_memory_used(), start + 11 * mib)
+        self.assertLess(sys.total_memory_used(), start + mib)
+
     def test_extension_tag(self):
         # _testcapi uses PyObject_T_MALLOC and friends as extensions do.
         tag = "sightglass.extension"
