@@ -623,6 +623,28 @@ class MemtrackTests(unittest.TestCase):
             self.assertLess(abs(after.get(name, 0) - before.get(name, 0)),
                             4096, name)
 
+    def test_resized_objects_count_where_they_end(self):
+        # A tuple made from a generator grows as the items come and then
+        # shrinks to fit; a str extended in place grows.  Each resize may
+        # move the object to another block: it counts once, at its last
+        # one.  (Which may be larger than it needs: pymalloc shrinks a
+        # block in place by up to a quarter.)
+        def text(i):
+            s = "x" * 40
+            s += "y" * (200 + i % 7)        # resized: nothing else holds s
+            return s
+        for name, make in (("tuple", lambda i: tuple(x for x in range(40))),
+                           ("str", text)):
+            with self.subTest(name):
+                counts = sys.type_allocation_counts()[name]
+                usage = sys.type_memory_usage()[name]
+                objs = [make(i) for i in range(N)]
+                self.assertAlmostEqual(
+                    sys.type_allocation_counts()[name] - counts, N, delta=10)
+                self.assertGreaterEqual(sys.type_memory_usage()[name] - usage,
+                                        objects_block(objs))
+                del objs
+
     def test_peak(self):
         sys.reset_peak_memory_used()
         start = sys.total_memory_used()
