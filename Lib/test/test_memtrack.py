@@ -645,6 +645,16 @@ class MemtrackTests(unittest.TestCase):
                                         objects_block(objs))
                 del objs
 
+    def test_gc_resize_moves_the_mark(self):
+        # An extension type may grow its objects with PyObject_GC_Resize()
+        # and nothing else: each object counts at the block it moved to.
+        counts = sys.type_allocation_counts()["tuple"]
+        objs = [_testcapi.gc_resized_tuple(40) for _ in range(N)]
+        self.assertEqual(objs[0], (None,) * 40)
+        self.assertAlmostEqual(
+            sys.type_allocation_counts()["tuple"] - counts, N, delta=10)
+        del objs
+
     def test_peak(self):
         sys.reset_peak_memory_used()
         start = sys.total_memory_used()
