@@ -127,21 +127,7 @@ _PyMemTrack_ResetPeak(void)
 }
 
 
-/* --- large blocks, the raw domain and the frame stacks ------------------- */
-
-void
-_PyMemTrack_AllocLarge(size_t size)
-{
-    _PyMemTrack_Count(size);
-    large_blocks++;
-}
-
-void
-_PyMemTrack_FreeLarge(size_t size)
-{
-    _PyMemTrack_Free(size);
-    large_blocks--;
-}
+/* --- the raw domain and the frame stacks --------------------------------- */
 
 void
 _PyMemTrack_AllocRaw(size_t size)
@@ -230,18 +216,21 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
 }
 
 
-/* --- objects outside the pools ------------------------------------------- */
+/* --- blocks outside the pools -------------------------------------------- */
 
-/* Objects pymalloc does not serve (large ones, or all of them with
-   PYTHONMALLOC=malloc), by block: open addressing with linear probing,
-   never more than half full.  Raw memory: the accounting must not account
-   itself. */
+/* The blocks of the mem and object domains that pymalloc does not serve
+   (large ones, or all of them with PYTHONMALLOC=malloc), each with the
+   object that starts in it, if one does: open addressing with linear
+   probing, never more than half full.  An object counts only in a block
+   listed here, so one that C code makes elsewhere (in static memory, in
+   malloc()'s, inside a larger block) is never read once gone.  Raw memory:
+   the accounting must not account itself. */
 typedef struct {
     void *block;
-    PyObject *op;
-} large_object;
+    PyObject *op;                   /* NULL for none */
+} large_block;
 
-static large_object *large_objects;
+static large_block *large_table;
 static size_t large_mask;           /* capacity - 1; 0 before the first */
 static size_t large_count;
 
@@ -257,8 +246,8 @@ static size_t
 large_find(void *block)
 {
     size_t i = large_slot(block);
-    while (large_objects[i].block != NULL
-           && large_objects[i].block != block)
+    while (large_table[i].block != NULL
+           && large_table[i].block != block)
     {
         i = (i + 1) & large_mask;
     }
@@ -269,61 +258,91 @@ static int
 large_grow(void)
 {
     size_t capacity = large_mask ? 2 * (large_mask + 1) : 64;
-    large_object *new = PyObject_RAW_MALLOC(capacity * sizeof(*new));
+    large_block *new = PyObject_RAW_MALLOC(capacity * sizeof(*new));
     if (new == NULL) {
         return -1;
     }
     memset(new, 0, capacity * sizeof(*new));
-    large_object *old = large_objects;
+    large_block *old = large_table;
     size_t old_capacity = large_mask ? large_mask + 1 : 0;
-    large_objects = new;
+    large_table = new;
     large_mask = capacity - 1;
     for (size_t i = 0; i < old_capacity; i++) {
         if (old[i].block != NULL) {
-            large_objects[large_find(old[i].block)] = old[i];
+            large_table[large_find(old[i].block)] = old[i];
         }
     }
     PyObject_RAW_FREE(old);
     return 0;
 }
 
-void
-_PyMemTrack_NewLargeObject(void *block, PyObject *op)
+static void
+large_add(void *block)
 {
     if (2 * (large_count + 1) > large_mask + 1 && large_grow() < 0) {
-        return;     /* it stays anonymous */
+        return;     /* its object stays anonymous */
     }
     size_t i = large_find(block);
-    if (large_objects[i].block == NULL) {
-        large_objects[i].block = block;
+    /* Listed already, the block's free was missed. */
+    assert(large_table[i].block == NULL);
+    if (large_table[i].block == NULL) {
+        large_table[i].block = block;
         large_count++;
     }
-    large_objects[i].op = op;
+    large_table[i].op = NULL;
 }
 
-void
-_PyMemTrack_ForgetLargeObject(void *block)
+static void
+large_remove(void *block)
 {
     if (large_count == 0) {
         return;
     }
     size_t i = large_find(block);
-    if (large_objects[i].block == NULL) {
+    if (large_table[i].block == NULL) {
         return;
     }
     large_count--;
     /* Move back the entries whose probe passed the emptied slot. */
     for (size_t j = (i + 1) & large_mask;
-         large_objects[j].block != NULL;
+         large_table[j].block != NULL;
          j = (j + 1) & large_mask)
     {
-        size_t home = large_slot(large_objects[j].block);
+        size_t home = large_slot(large_table[j].block);
         if (((j - home) & large_mask) >= ((j - i) & large_mask)) {
-            large_objects[i] = large_objects[j];
+            large_table[i] = large_table[j];
             i = j;
         }
     }
-    large_objects[i].block = NULL;
+    large_table[i] = (large_block){NULL, NULL};
+}
+
+void
+_PyMemTrack_AllocLarge(void *block, size_t size)
+{
+    _PyMemTrack_Count(size);
+    large_blocks++;
+    large_add(block);
+}
+
+void
+_PyMemTrack_FreeLarge(void *block, size_t size)
+{
+    large_remove(block);
+    _PyMemTrack_Free(size);
+    large_blocks--;
+}
+
+void
+_PyMemTrack_NewLargeObject(void *block, PyObject *op)
+{
+    if (large_count == 0) {
+        return;
+    }
+    size_t i = large_find(block);
+    if (large_table[i].block != NULL) {
+        large_table[i].op = op;
+    }
 }
 
 
@@ -518,8 +537,8 @@ count_objects(void)
     }
     Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_object, NULL);
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
-        large_object *entry = &large_objects[i];
-        if (entry->block != NULL) {
+        large_block *entry = &large_table[i];
+        if (entry->op != NULL) {
             count_object(entry->op, _PyMem_ReservedSize(entry->block), NULL);
         }
     }

@@ -305,12 +305,10 @@ _PyMemTrack_FreePooled(void *block, unsigned int szidx)
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
 }
 
-/* Blocks of the mem and object domains that pymalloc does not serve. */
-extern void _PyMemTrack_AllocLarge(size_t size);
-extern void _PyMemTrack_FreeLarge(size_t size);
-/* Where such a block held an object, forget it.  The block is given as the
-   object domain's allocator sees it, inside any debug hooks. */
-extern void _PyMemTrack_ForgetLargeObject(void *block);
+/* Blocks of the mem and object domains that pymalloc does not serve, as
+   the domain hands them out (inside any debug hooks). */
+extern void _PyMemTrack_AllocLarge(void *block, size_t size);
+extern void _PyMemTrack_FreeLarge(void *block, size_t size);
 
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);

@@ -600,14 +600,39 @@ class MemtrackTests(unittest.TestCase):
 
     def test_large_objects(self):
         # Objects pymalloc does not serve are found by their own table.
-        n = 1000
-        tup_block = block_size(sys.getsizeof((0,) * n))     # with GC_HEAD
+        def make():
+            return [tuple(range(i, i + 1000)) for i in range(100)]
+        make()      # a tuple it drops is kept for reuse, and counts
         before = sys.type_memory_usage()
-        objs = [tuple(range(i, i + n)) for i in range(100)]
+        objs = make()
         grown = delta(before, sys.type_memory_usage())
-        self.assertEqual(grown.get("tuple"), 100 * tup_block)
+        blocks = objects_block(objs)
+        self.assertEqual(grown.get("tuple"), blocks)
+        before = sys.type_memory_usage()
         del objs
-        self.assertNotIn("tuple", delta(before, sys.type_memory_usage()))
+        self.assertEqual(delta(before, sys.type_memory_usage()).get("tuple"),
+                         -blocks)
+
+    def test_objects_in_foreign_memory(self):
+        # C code may make an object in memory of its own (static, or from
+        # malloc()) with PyObject_Init().  That memory is not Python's: the
+        # object does not count, and once the memory is freed, nothing may
+        # read it.
+        api = ctypes.pythonapi
+        api.PyObject_Init.restype = ctypes.c_void_p
+        api.PyObject_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        before = sys.type_allocation_counts().get("float", 0)
+        blocks = [libc.malloc(4096) for _ in range(100)]
+        for p in blocks:
+            api.PyObject_Init(p, id(float))
+        self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
+        for p in blocks:
+            libc.free(p)
+        if hasattr(sys, "gettotalrefcount"):
+            # Each PyObject_Init() added to the reference total.
+            refs = ctypes.c_ssize_t.in_dll(api, "_Py_RefTotal")
+            refs.value -= len(blocks)
+        self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
 
     def test_resized_objects(self):
         # bytes, str and tuple are reallocated in place by their resize
