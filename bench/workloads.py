@@ -97,7 +97,8 @@ def alloc():
 
 
 def build():
-    """A table of records built up in new memory, then dropped."""
+    """A table of records built up, in blocks that held other objects, and
+    dropped."""
     rows = [(i, str(i), {"id": i}) for i in range(30_000)]
     return len(rows)
 
