@@ -11,6 +11,7 @@
 
 #ifdef Py_TRACK_MEMORY
 
+#include "pycore_hashtable.h"     // _Py_hashtable_t
 #include "pycore_memtrack.h"
 
 #include <stdatomic.h>
@@ -35,6 +36,29 @@ static _Atomic Py_ssize_t other_peak;
 /* Every tally, types' and names'; names are found by a walk. */
 static _Py_memtally *tallies;
 static _Py_memtally *free_tallies;
+
+/* Every type made ready and not freed since.  The walk reads no type that
+   is not here: a mark can be wrong when C code makes an object inside a
+   block it holds, then reuses the memory, and the "type" it then finds
+   must not be followed. */
+static _Py_hashtable_t *live_types;
+/* Types a walk found there lately, by their address: a walk meets the
+   same few types again and again. */
+#define SEEN_BITS 6
+static PyTypeObject *live_types_seen[1 << SEEN_BITS];
+
+/* An address scrambled, for the tables here: the high bits mix them all. */
+static uint64_t
+address_hash(const void *p)
+{
+    return (uint64_t)((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15u;
+}
+
+static size_t
+seen_slot(PyTypeObject *type)
+{
+    return (size_t)(address_hash(type) >> (64 - SEEN_BITS));
+}
 
 
 /* --- totals and the peak ------------------------------------------------ */
@@ -192,11 +216,52 @@ type_tally(PyTypeObject *type, int create)
 }
 
 void
+_PyMemTrack_AddType(PyTypeObject *type)
+{
+    if (live_types == NULL) {
+        /* Never tracked: the accounting must not account itself. */
+        _Py_hashtable_allocator_t untracked = {
+            _PyObject_RawMallocUntracked, free};
+        live_types = _Py_hashtable_new_full(
+            _Py_hashtable_hash_ptr, _Py_hashtable_compare_direct,
+            NULL, NULL, &untracked);
+        if (live_types == NULL) {
+            return;
+        }
+    }
+    /* If this fails, the type's objects count as anonymous memory. */
+    if (_Py_hashtable_get(live_types, type) == NULL) {
+        (void)_Py_hashtable_set(live_types, type, type);
+    }
+}
+
+/* Whether a walk may read type: the type of an object it found. */
+static int
+is_live_type(PyTypeObject *type)
+{
+    size_t slot = seen_slot(type);
+    if (live_types_seen[slot] == type) {
+        return 1;
+    }
+    if (live_types == NULL || _Py_hashtable_get(live_types, type) == NULL) {
+        return 0;
+    }
+    live_types_seen[slot] = type;
+    return 1;
+}
+
+void
 _PyMemTrack_ForgetType(PyTypeObject *type)
 {
     /* Its instances are gone.  What is left (memory a C extension still
        holds under it) becomes anonymous, and the tally is freed before
        another type can be made at this address. */
+    if (live_types != NULL) {
+        (void)_Py_hashtable_steal(live_types, type);
+    }
+    if (live_types_seen[seen_slot(type)] == type) {
+        live_types_seen[seen_slot(type)] = NULL;
+    }
     _Py_memtally *t = (_Py_memtally *)type->tp_cache;
     if (t == NULL) {
         return;
@@ -237,7 +302,7 @@ static size_t large_count;
 static size_t
 large_slot(void *block)
 {
-    uint64_t h = (uint64_t)((uintptr_t)block >> 4) * 0x9E3779B97F4A7C15u;
+    uint64_t h = address_hash(block);
     return (size_t)(h ^ (h >> 32)) & large_mask;
 }
 
@@ -519,6 +584,9 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
 static void
 count_object(PyObject *op, size_t size, void *Py_UNUSED(arg))
 {
+    if (!is_live_type(Py_TYPE(op))) {
+        return;     /* not an object after all: see live_types */
+    }
     _Py_memtally *t = type_tally(Py_TYPE(op), 1);
     if (t != NULL) {
         t->object_bytes += (Py_ssize_t)size;

@@ -355,6 +355,8 @@ typedef void (*_PyMemTrack_visitfunc)(PyObject *op, size_t size, void *arg);
 extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
                                           void *arg);
 
+/* A type is ready, or freed. */
+extern void _PyMemTrack_AddType(PyTypeObject *type);
 extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 
 /* A block of the mem or object domain that an object of `owner` owns.

@@ -634,6 +634,28 @@ class MemtrackTests(unittest.TestCase):
             refs.value -= len(blocks)
         self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
 
+    def test_objects_inside_blocks_held_for_other_data(self):
+        # C code may make an object inside a block it holds, then write
+        # other data there without freeing the block.  Where the object
+        # started, what looks like a type is then any bytes at all: the
+        # accounting must not follow them.
+        api = ctypes.pythonapi
+        api.PyObject_Init.restype = ctypes.c_void_p
+        api.PyObject_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        before = sys.type_allocation_counts().get("float", 0)
+        buffers = [bytearray(40) for _ in range(100)]
+        for buf in buffers:
+            view = (ctypes.c_char * len(buf)).from_buffer(buf)
+            api.PyObject_Init(ctypes.addressof(view), id(float))
+            del view
+            buf[:] = b"\xfe" * len(buf)
+        if hasattr(sys, "gettotalrefcount"):
+            refs = ctypes.c_ssize_t.in_dll(api, "_Py_RefTotal")
+            refs.value -= len(buffers)
+        self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
+        self.check_tags_add_up()
+        del buffers
+
     def test_resized_objects(self):
         # bytes, str and tuple are reallocated in place by their resize
         # functions; the block must move with them.
