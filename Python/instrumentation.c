@@ -51,7 +51,9 @@ sentinel_repr(_PyMonitoringSentinel *self)
     return PyUnicode_FromFormat("<sys.monitoring.%s>", self->name);
 }
 
-static PyTypeObject sentinel_type = {
+/* A static type of the core: object.c readies it with the others, and
+   deallocates it before object, its base. */
+PyTypeObject _PyMonitoring_Sentinel_Type = {
     PyVarObject_HEAD_INIT(&PyType_Type, 0)
     .tp_name = "sys.monitoring._Sentinel",
     .tp_basicsize = sizeof(_PyMonitoringSentinel),
@@ -60,11 +62,11 @@ static PyTypeObject sentinel_type = {
 };
 
 static _PyMonitoringSentinel disable_sentinel = {
-    PyObject_HEAD_INIT(&sentinel_type)
+    PyObject_HEAD_INIT(&_PyMonitoring_Sentinel_Type)
     "DISABLE"
 };
 _PyMonitoringSentinel _PyMonitoring_Missing = {
-    PyObject_HEAD_INIT(&sentinel_type)
+    PyObject_HEAD_INIT(&_PyMonitoring_Sentinel_Type)
     "MISSING"
 };
 #define DISABLE ((PyObject *)&disable_sentinel)
@@ -1712,9 +1714,6 @@ add_events_namespace(PyObject *module)
 PyObject *
 _PyMonitoring_InitModule(void)
 {
-    if (PyType_Ready(&sentinel_type) < 0) {
-        return NULL;
-    }
     PyObject *module = PyModule_Create(&monitoring_module);
     if (module == NULL) {
         return NULL;

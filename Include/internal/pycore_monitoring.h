@@ -142,7 +142,9 @@ typedef struct _PyCoMonitoringData {
    no code can be behind it, and the eval loop tests this flag alone. */
 extern int _PyMonitoring_EverUsed;
 
-/* sys.monitoring.MISSING: the arg0 of a call without arguments. */
+/* sys.monitoring.DISABLE and MISSING (the arg0 of a call without
+   arguments), of a type that only prints their names. */
+extern PyTypeObject _PyMonitoring_Sentinel_Type;
 typedef struct {
     PyObject_HEAD
     const char *name;
