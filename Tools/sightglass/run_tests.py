@@ -6,6 +6,10 @@
      (the test modules under Lib/test/ of this repository).
   2. build/test-plain: plain ./configure; runs the project's own tests and
      a core slice of the upstream suite.
+  3. build/test-debug: ./configure --with-pydebug --with-memory-tracking;
+     runs the project's own tests hunting reference and block leaks
+     (-R 3:3), then test_embed, whose test_no_memleak checks that a run
+     ends with nothing left allocated.  Assertions are on in this build.
 
 Failures known to happen on stock 3.11.2 on our machines (KNOWN_FAILURES)
 are reported but not counted; every other failure fails the run.  The last
@@ -211,6 +215,26 @@ def regrtest(python, label, tests, jobs, tally, workdir):
         tally.failures.append(f"{label}: regrtest exit {proc.returncode}")
 
 
+def leak_hunt(python, tests, jobs, tally):
+    """Run tests with -R 3:3; each module that leaks or fails counts as one
+    failure, each clean one as one pass.  (No --junit-xml here: the results
+    it keeps across the repetitions read as leaks.)"""
+    cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
+           "-R", "3:3"] + tests
+    print(f"== debug-leaks: {' '.join(cmd[1:])}", flush=True)
+    proc = run_streaming(cmd)
+    failed = parse_failed_modules(proc.stdout)
+    for mod in tests:
+        if mod in failed:
+            tally.failed += 1
+            tally.failures.append(f"debug-leaks: {mod}")
+        else:
+            tally.passed += 1
+    if proc.returncode not in (0, 2) and not failed:
+        tally.failed += 1
+        tally.failures.append(f"debug-leaks: regrtest exit {proc.returncode}")
+
+
 IGNORE = [arg for name in KNOWN_HANGS for arg in ("--ignore", f"*.{name}.*")]
 
 
@@ -297,6 +321,8 @@ def main():
     tracking = build(lay, "test-tracking", ["--with-memory-tracking"],
                      ns.jobs)
     plain = build(lay, "test-plain", [], ns.jobs)
+    debug = build(lay, "test-debug",
+                  ["--with-pydebug", "--with-memory-tracking"], ns.jobs)
 
     tally = Tally()
     mine = own_tests(lay)
@@ -307,6 +333,8 @@ def main():
     regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
              tally, workdir)
     regrtest(plain, "plain", slice_, ns.jobs, tally, workdir)
+    leak_hunt(debug, mine, ns.jobs, tally)
+    regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir)
 
     print()
     for name, why in KNOWN_HANGS.items():
