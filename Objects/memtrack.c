@@ -259,8 +259,9 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     if (live_types != NULL) {
         (void)_Py_hashtable_steal(live_types, type);
     }
-    if (live_types_seen[seen_slot(type)] == type) {
-        live_types_seen[seen_slot(type)] = NULL;
+    size_t slot = seen_slot(type);
+    if (live_types_seen[slot] == type) {
+        live_types_seen[slot] = NULL;
     }
     _Py_memtally *t = (_Py_memtally *)type->tp_cache;
     if (t == NULL) {
