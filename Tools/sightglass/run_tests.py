@@ -217,17 +217,21 @@ def regrtest(python, label, tests, jobs, tally, workdir):
 
 def leak_hunt(python, tests, jobs, tally):
     """Run tests with -R 3:3; each module that leaks or fails counts as one
-    failure, each clean one as one pass.  (No --junit-xml here: the results
-    it keeps across the repetitions read as leaks.)"""
+    failure, each skipped one as one skip, each clean one as one pass.  (No
+    --junit-xml here: the results it keeps across the repetitions read as
+    leaks.)"""
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
            "-R", "3:3"] + tests
     print(f"== debug-leaks: {' '.join(cmd[1:])}", flush=True)
     proc = run_streaming(cmd)
     failed = parse_failed_modules(proc.stdout)
+    skipped = listed_modules(proc.stdout, (" skipped:",))
     for mod in tests:
         if mod in failed:
             tally.failed += 1
             tally.failures.append(f"debug-leaks: {mod}")
+        elif mod in skipped:
+            tally.skipped += 1
         else:
             tally.passed += 1
     if proc.returncode not in (0, 2) and not failed:
@@ -253,11 +257,16 @@ def run_streaming(cmd):
 
 def parse_failed_modules(out):
     """Module names regrtest lists under 'N tests failed:' and the like."""
+    return listed_modules(out, (" failed:", " failed again:", "crashed:"))
+
+
+def listed_modules(out, headings):
+    """Module names regrtest lists under a line with one of headings."""
     mods, grab = set(), False
     for line in out.splitlines():
         stripped = line.strip()
-        if (" failed:" in line or " failed again:" in line
-                or "crashed:" in line) and not line.startswith(" "):
+        if (any(heading in line for heading in headings)
+                and not line.startswith(" ")):
             grab = True
             continue
         if grab:
