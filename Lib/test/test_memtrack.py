@@ -35,6 +35,18 @@ libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
 libc.free.argtypes = [ctypes.c_void_p]
 
 
+def object_init(address, cls):
+    """PyObject_Init(address, cls), as C code calls it on memory it holds.
+    Nothing drops the reference it sets: take it back from a debug build's
+    reference total."""
+    api = ctypes.pythonapi
+    api.PyObject_Init.restype = ctypes.c_void_p
+    api.PyObject_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    api.PyObject_Init(address, id(cls))
+    if hasattr(sys, "gettotalrefcount"):
+        ctypes.c_ssize_t.in_dll(api, "_Py_RefTotal").value -= 1
+
+
 def block_size(nbytes):
     """What the allocator reserves for a request of nbytes.  (malloc() may
     reserve more: where an object is at hand, object_block() says what.)"""
@@ -618,20 +630,13 @@ class MemtrackTests(unittest.TestCase):
         # malloc()) with PyObject_Init().  That memory is not Python's: the
         # object does not count, and once the memory is freed, nothing may
         # read it.
-        api = ctypes.pythonapi
-        api.PyObject_Init.restype = ctypes.c_void_p
-        api.PyObject_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         before = sys.type_allocation_counts().get("float", 0)
         blocks = [libc.malloc(4096) for _ in range(100)]
         for p in blocks:
-            api.PyObject_Init(p, id(float))
+            object_init(p, float)
         self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
         for p in blocks:
             libc.free(p)
-        if hasattr(sys, "gettotalrefcount"):
-            # Each PyObject_Init() added to the reference total.
-            refs = ctypes.c_ssize_t.in_dll(api, "_Py_RefTotal")
-            refs.value -= len(blocks)
         self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
 
     def test_objects_inside_blocks_held_for_other_data(self):
@@ -639,19 +644,13 @@ class MemtrackTests(unittest.TestCase):
         # other data there without freeing the block.  Where the object
         # started, what looks like a type is then any bytes at all: the
         # accounting must not follow them.
-        api = ctypes.pythonapi
-        api.PyObject_Init.restype = ctypes.c_void_p
-        api.PyObject_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         before = sys.type_allocation_counts().get("float", 0)
         buffers = [bytearray(40) for _ in range(100)]
         for buf in buffers:
             view = (ctypes.c_char * len(buf)).from_buffer(buf)
-            api.PyObject_Init(ctypes.addressof(view), id(float))
+            object_init(ctypes.addressof(view), float)
             del view
             buf[:] = b"\xfe" * len(buf)
-        if hasattr(sys, "gettotalrefcount"):
-            refs = ctypes.c_ssize_t.in_dll(api, "_Py_RefTotal")
-            refs.value -= len(buffers)
         self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
         self.check_tags_add_up()
         del buffers
