@@ -319,7 +319,7 @@ def main():
     p.add_argument("-j", "--jobs", type=int, default=2)
     p.add_argument("--quick", action="store_true",
                    help="skip the full upstream suite (the core slice runs "
-                        "on both builds instead)")
+                        "on the tracking and plain builds instead)")
     ns = p.parse_args()
 
     lay = sgtree.Layout()
