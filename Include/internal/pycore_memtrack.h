@@ -65,9 +65,6 @@ struct _Py_memtrack_locked {
     /* The block pymalloc handed out last, until an object is made in it.
        Its marks are from its earlier life. */
     uintptr_t last_block;
-    /* While an owned block is freed, its tally: whichever allocator frees
-       the block gives it back what it had reserved. */
-    struct _Py_memtally *freeing_for;
 };
 PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 
@@ -290,10 +287,6 @@ static inline void
 _PyMemTrack_Free(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
-    if (_Py_memtrack.freeing_for != NULL) {
-        _PyMemTrack_Unclaim(_Py_memtrack.freeing_for, (Py_ssize_t)size);
-        _Py_memtrack.freeing_for = NULL;
-    }
 }
 
 /* pymalloc frees a block of size class szidx: whatever object started in
@@ -384,14 +377,18 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     return ptr;
 }
 
-/* Free a block that t (if not NULL) claims. */
+/* Free a block that t (if not NULL) claims.  Whichever allocator frees
+   it takes what it had reserved off the count, and t gives back as much;
+   so the free of every other block has nothing to look up. */
 static inline void
 _PyMemTrack_FreeClaimed(_Py_memtally *t, void *ptr, void (*release)(void *))
 {
-    _Py_memtrack.freeing_for = t;
+    Py_ssize_t before = _Py_memtrack.bytes;
     release(ptr);
-    /* Unless the allocator freed a block. */
-    _Py_memtrack.freeing_for = NULL;
+    Py_ssize_t freed = before - _Py_memtrack.bytes;
+    if (t != NULL && freed > 0) {
+        _PyMemTrack_Unclaim(t, freed);
+    }
 }
 
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
