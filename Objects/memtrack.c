@@ -285,15 +285,18 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
 /* --- blocks outside the pools -------------------------------------------- */
 
 /* The blocks of the mem and object domains that pymalloc does not serve
-   (large ones, or all of them with PYTHONMALLOC=malloc), each with the
-   object that starts in it, if one does: open addressing with linear
-   probing, never more than half full.  An object counts only in a block
-   listed here, so one that C code makes elsewhere (in static memory, in
-   malloc()'s, inside a larger block) is never read once gone.  Raw memory:
-   the accounting must not account itself. */
+   (large ones, or all of them with PYTHONMALLOC=malloc), each with what
+   malloc() reserved and the object that starts in it, if one does: open
+   addressing with linear probing, never more than half full.  An object
+   counts only in a block listed here, so one that C code makes elsewhere
+   (in static memory, in malloc()'s, inside a larger block) is never read
+   once gone; and an owner claims only a block listed here, so a block
+   from an allocator that replaced Python's (and counts nothing) is never
+   claimed either.  Raw memory: the accounting must not account itself. */
 typedef struct {
     void *block;
     PyObject *op;                   /* NULL for none */
+    size_t size;
 } large_block;
 
 static large_block *large_table;
@@ -343,10 +346,10 @@ large_grow(void)
 }
 
 static void
-large_add(void *block)
+large_add(void *block, size_t size)
 {
     if (2 * (large_count + 1) > large_mask + 1 && large_grow() < 0) {
-        return;     /* its object stays anonymous */
+        return;     /* it and its object stay anonymous */
     }
     size_t i = large_find(block);
     /* Listed already, the block's free was missed. */
@@ -356,6 +359,7 @@ large_add(void *block)
         large_count++;
     }
     large_table[i].op = NULL;
+    large_table[i].size = size;
 }
 
 static void
@@ -380,7 +384,7 @@ large_remove(void *block)
             i = j;
         }
     }
-    large_table[i] = (large_block){NULL, NULL};
+    large_table[i] = (large_block){NULL, NULL, 0};
 }
 
 void
@@ -388,7 +392,7 @@ _PyMemTrack_AllocLarge(void *block, size_t size)
 {
     _PyMemTrack_Count(size);
     large_blocks++;
-    large_add(block);
+    large_add(block, size);
 }
 
 void
@@ -397,6 +401,15 @@ _PyMemTrack_FreeLarge(void *block, size_t size)
     large_remove(block);
     _PyMemTrack_Free(size);
     large_blocks--;
+}
+
+size_t
+_PyMemTrack_LargeSize(void *block)
+{
+    if (large_count == 0) {
+        return 0;
+    }
+    return large_table[large_find(block)].size;
 }
 
 void
@@ -414,20 +427,23 @@ _PyMemTrack_NewLargeObject(void *block, PyObject *op)
 
 /* --- buffers owned by objects of core types ------------------------------ */
 
-/* t (if not NULL) claims the block ptr (if not NULL), or gives it back. */
+/* t (if not NULL) claims the block ptr (if not NULL and counted), or
+   gives it back. */
 static void
 claim(_Py_memtally *t, void *ptr)
 {
-    if (t != NULL && ptr != NULL) {
-        _PyMemTrack_Claim(t, _PyMem_ReservedSize(ptr));
+    size_t size = t != NULL && ptr != NULL ? _PyMem_ReservedSize(ptr) : 0;
+    if (size > 0) {
+        _PyMemTrack_Claim(t, (Py_ssize_t)size);
     }
 }
 
 static void
 unclaim(_Py_memtally *t, void *ptr)
 {
-    if (t != NULL && ptr != NULL) {
-        _PyMemTrack_Unclaim(t, _PyMem_ReservedSize(ptr));
+    size_t size = t != NULL && ptr != NULL ? _PyMem_ReservedSize(ptr) : 0;
+    if (size > 0) {
+        _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
     }
 }
 
@@ -608,7 +624,7 @@ count_objects(void)
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
         large_block *entry = &large_table[i];
         if (entry->op != NULL) {
-            count_object(entry->op, _PyMem_ReservedSize(entry->block), NULL);
+            count_object(entry->op, entry->size, NULL);
         }
     }
     return pooled + large_blocks;

@@ -302,6 +302,8 @@ _PyMemTrack_FreePooled(void *block, unsigned int szidx)
    the domain hands them out (inside any debug hooks). */
 extern void _PyMemTrack_AllocLarge(void *block, size_t size);
 extern void _PyMemTrack_FreeLarge(void *block, size_t size);
+/* What malloc() reserved for such a block; 0 for one not counted. */
+extern size_t _PyMemTrack_LargeSize(void *block);
 
 extern void _PyMemTrack_AllocRaw(size_t size);
 extern void _PyMemTrack_FreeRaw(size_t size);
@@ -309,7 +311,8 @@ extern void _PyMemTrack_FreeRaw(size_t size);
 /* Threads' frame data stacks, from the arena allocator (pystate.c). */
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 
-/* What the allocator reserved for a block of the mem or object domain. */
+/* What the allocator reserved for a block of the mem or object domain; 0
+   for one the accounting does not count. */
 extern size_t _PyMem_ReservedSize(void *ptr);
 
 /* Objects: mark where one starts.  Marking twice is harmless, so a

@@ -655,6 +655,22 @@ class MemtrackTests(unittest.TestCase):
         self.check_tags_add_up()
         del buffers
 
+    def test_blocks_of_a_replacing_allocator(self):
+        # An embedder may replace the mem domain's allocator with one that
+        # counts nothing.  An owner must not claim the blocks it gives:
+        # they are in no total, and malloc() cannot tell their size.
+        def read():
+            return sys.type_memory_usage(), sys.type_allocation_counts()
+        spare = []
+        del spare       # the helper's list is this one, from the free list
+        before = read()
+        during = _testcapi.call_with_replaced_allocator(10_000, read)
+        after = read()
+        for reading in during, after:
+            self.assertEqual(reading[0]["list"], before[0]["list"])
+            self.assertEqual(reading[1]["list"], before[1]["list"])
+        self.check_tags_add_up()
+
     def test_resized_objects(self):
         # bytes, str and tuple are reallocated in place by their resize
         # functions; the block must move with them.
