@@ -362,16 +362,25 @@ large_add(void *block, size_t size)
     large_table[i].size = size;
 }
 
+/* The entry of block, or NULL if it is not listed. */
+static large_block *
+large_lookup(void *block)
+{
+    if (large_count == 0) {
+        return NULL;
+    }
+    large_block *entry = &large_table[large_find(block)];
+    return entry->block != NULL ? entry : NULL;
+}
+
 static void
 large_remove(void *block)
 {
-    if (large_count == 0) {
+    large_block *entry = large_lookup(block);
+    if (entry == NULL) {
         return;
     }
-    size_t i = large_find(block);
-    if (large_table[i].block == NULL) {
-        return;
-    }
+    size_t i = (size_t)(entry - large_table);
     large_count--;
     /* Move back the entries whose probe passed the emptied slot. */
     for (size_t j = (i + 1) & large_mask;
@@ -406,21 +415,16 @@ _PyMemTrack_FreeLarge(void *block, size_t size)
 size_t
 _PyMemTrack_LargeSize(void *block)
 {
-    if (large_count == 0) {
-        return 0;
-    }
-    return large_table[large_find(block)].size;
+    large_block *entry = large_lookup(block);
+    return entry != NULL ? entry->size : 0;
 }
 
 void
 _PyMemTrack_NewLargeObject(void *block, PyObject *op)
 {
-    if (large_count == 0) {
-        return;
-    }
-    size_t i = large_find(block);
-    if (large_table[i].block != NULL) {
-        large_table[i].op = op;
+    large_block *entry = large_lookup(block);
+    if (entry != NULL) {
+        entry->op = op;
     }
 }
 
