@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import unittest
+import weakref
 from test.support import import_helper, script_helper
 
 if not hasattr(sys, "total_memory_used"):
@@ -654,6 +655,43 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(sys.type_allocation_counts().get("float", 0), before)
         self.check_tags_add_up()
         del buffers
+
+    def test_objects_outliving_their_class(self):
+        # A C extension's free list may hold the blocks of dead objects
+        # without holding their class, which may then be freed.  The
+        # blocks count as anonymous memory from then on, and nothing may
+        # read the freed class.
+        class Sightglass_Outlived:
+            __slots__ = ()
+        name = Sightglass_Outlived.__name__
+        api = ctypes.pythonapi
+        api.PyObject_Malloc.restype = ctypes.c_void_p
+        api.PyObject_Malloc.argtypes = [ctypes.c_size_t]
+        api.PyObject_Free.argtypes = [ctypes.c_void_p]
+        api.Py_DecRef.argtypes = [ctypes.py_object]
+        # Laid out as the class's own instances are: after a GC header,
+        # which starts zeroed.
+        pre = GC_HEAD if Sightglass_Outlived.__flags__ & HAVE_GC else 0
+        size = pre + Sightglass_Outlived.__basicsize__
+        blocks = [api.PyObject_Malloc(size) for _ in range(100)]
+        try:
+            for p in blocks:
+                ctypes.memset(p, 0, pre)
+                object_init(p + pre, Sightglass_Outlived)
+                # The free list keeps no reference to the class.
+                api.Py_DecRef(Sightglass_Outlived)
+            self.assertEqual(sys.type_allocation_counts()[name], 100)
+            alive = weakref.ref(Sightglass_Outlived)
+            del Sightglass_Outlived
+            gc.collect()
+            self.assertIsNone(alive())
+            self.assertNotIn(name, sys.type_allocation_counts())
+            self.assertNotIn(name, sys.type_memory_usage())
+            self.check_tags_add_up()
+        finally:
+            for p in blocks:
+                api.PyObject_Free(p)
+        self.check_tags_add_up()
 
     def test_blocks_of_a_replacing_allocator(self):
         # An embedder may replace the mem domain's allocator with one that
