@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 import workloads
+from run import geomean
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,11 +47,15 @@ def main():
     ns = p.parse_args()
     print(f"instructions, B / A; A = {ns.a}, B = {ns.b}")
     base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
+    ratios = []
     for name in ns.workload or list(workloads.ALL):
         counts = {py: instructions(py, name, REPEAT) - base[py]
                   for py in (ns.a, ns.b)}
-        print(f"{name:10s} {counts[ns.b] / counts[ns.a]:8.4f}")
+        ratios.append(counts[ns.b] / counts[ns.a])
+        print(f"{name:10s} {ratios[-1]:8.4f}")
         sys.stdout.flush()
+    if len(ratios) > 1:
+        print(f"{'geomean':10s} {geomean(ratios):8.4f}")
 
 
 if __name__ == "__main__":

@@ -21,16 +21,14 @@ python itself is relinked in its usual order at the end.
 """
 
 import argparse
-import math
 import os
-import statistics
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import workloads  # noqa: E402
-from run import calibrate, run_child  # noqa: E402
+from run import calibrate, geomean, run_child  # noqa: E402
 
 LINKER = "-fuse-ld=lld"
 
@@ -66,10 +64,6 @@ def layouts(build, seeds):
     return out
 
 
-def geomean(values):
-    return math.exp(statistics.mean(math.log(v) for v in values))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("a")
@@ -91,6 +85,7 @@ def main():
 
     print(f"B / A over {ns.seeds} layouts each; A = {ns.a}, B = {ns.b}")
     print(f"{'':10}{'B / A':>8}   {'A layouts':>13}   {'B layouts':>13}")
+    ratios = []
     for name in names:
         n = calibrate(workloads.ALL[name])
         best = {}
@@ -102,8 +97,11 @@ def main():
         spread = {build: [best[py] / base for py in sides[build]]
                   for build in sides}
         ranges = [f"{min(s):.3f}..{max(s):.3f}" for s in spread.values()]
-        print(f"{name:10}{geomean(spread[ns.b]):8.3f}   "
-              + "   ".join(ranges))
+        ratios.append(geomean(spread[ns.b]))
+        print(f"{name:10}{ratios[-1]:8.3f}   " + "   ".join(ranges))
+        sys.stdout.flush()
+    if len(ratios) > 1:
+        print(f"{'geomean':10}{geomean(ratios):8.3f}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ Numbers only; no test depends on them.
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -78,6 +79,12 @@ def measure_mode(mode, names, rounds):
     return out
 
 
+def geomean(values):
+    """The summary of a set of ratios, as pyperformance gives it."""
+    values = list(values)
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
 def run_child(python, args):
     proc = subprocess.run([python, os.path.abspath(__file__)] + args,
                           stdout=subprocess.PIPE, text=True)
@@ -94,11 +101,16 @@ def interpreter_name(python):
 
 
 def table(rows, names):
+    """One row of ratios per label; with several workloads, their
+    geometric mean last."""
+    summary = ["geomean"] if len(names) > 1 else []
     width = max(len(r[0]) for r in rows) + 2
-    print("".ljust(width) + "".join(n.rjust(9) for n in names))
+    print("".ljust(width) + "".join(n.rjust(9) for n in names + summary))
     for label, values in rows:
+        if summary:
+            values = dict(values, geomean=geomean(values[n] for n in names))
         print(label.ljust(width)
-              + "".join(f"{values[n]:9.2f}" for n in names))
+              + "".join(f"{values[n]:9.2f}" for n in names + summary))
 
 
 def main():
