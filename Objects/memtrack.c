@@ -129,6 +129,13 @@ _PyMemTrack_NotePeakFor(void *block)
     return block;
 }
 
+void *
+_PyMemTrack_ForgetThenAlloc(void *block, size_t nbytes)
+{
+    _PyMemTrack_ForgetLastBlock();
+    return _PyMemTrack_Alloc(block, nbytes);
+}
+
 static void
 other_counts_grew(void)
 {

@@ -28,9 +28,10 @@ extern "C" {
    block handed out again usually gets an object where its last one
    started, and finds the mark already there.  Otherwise the map is put
    right by whoever comes next: _Py_NewReference() rewrites the block's
-   marks, and if no object is made in it, the next allocation (or the walk)
-   clears them.  So the marks of every allocated block but the one handed
-   out last are exact, and no block's head ever has more than one mark. */
+   marks, and if no object is made in it, its owner's claim, the next
+   allocation or the walk clears them.  So the marks of every allocated
+   block but the one handed out last are exact, and no block's head ever
+   has more than one mark. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -138,12 +139,6 @@ _PyMemTrack_PooledClass(uintptr_t block)
     return szidx;
 }
 
-static inline size_t
-_PyMemTrack_PooledSize(const void *block)
-{
-    return _PyMemTrack_ClassSize(_PyMemTrack_PooledClass((uintptr_t)block));
-}
-
 /* The blocks whose heads were marked last, and the object each one's head
    marks (0 for none), by where the block lies in its pool: a block handed
    out again is mostly one of these, so _Py_NewReference() can see that its
@@ -212,16 +207,30 @@ _PyMemTrack_ClearPool(uintptr_t pool)
     }
 }
 
-/* No object was made in the block handed out last: clear its head. */
+/* No object was made in the block handed out last, of size class szidx:
+   clear its head.  Mostly nothing marks it (it held no object before
+   either), and then the map is left alone; so is the table, which tells
+   of no mark the map does not have. */
+static inline void
+_PyMemTrack_ForgetBlock(uintptr_t block, unsigned int szidx)
+{
+    unsigned int granules = _PyMemTrack_HeadGranules(szidx);
+    unsigned int bit;
+    uint16_t pair;
+    memcpy(&pair, _PyMemTrack_MapByte(block, &bit), sizeof(pair));
+    if ((pair >> bit) & ((1u << granules) - 1)) {
+        _PyMemTrack_WriteHead(block, granules, 0);
+        _PyMemTrack_Remember(block, 0);
+    }
+    _Py_memtrack.last_block = 0;
+}
+
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
     uintptr_t last = _Py_memtrack.last_block;
     if (last != 0) {
-        _PyMemTrack_WriteHead(
-            last, _PyMemTrack_HeadGranules(_PyMemTrack_PooledClass(last)), 0);
-        _PyMemTrack_Remember(last, 0);
-        _Py_memtrack.last_block = 0;
+        _PyMemTrack_ForgetBlock(last, _PyMemTrack_PooledClass(last));
     }
 }
 
@@ -268,11 +277,17 @@ _PyMemTrack_Count(size_t size)
    which hands out what this returns: the block.  (So pymalloc keeps no
    more across a call than the request it already keeps.) */
 extern void *_PyMemTrack_NotePeakFor(void *block);
+/* The same, once the block handed out before, in which no object was
+   made, is forgotten: out of line, so that the usual case keeps no more
+   registers than pymalloc's own. */
+extern void *_PyMemTrack_ForgetThenAlloc(void *block, size_t nbytes);
 
 static inline void *
 _PyMemTrack_Alloc(void *block, size_t nbytes)
 {
-    _PyMemTrack_ForgetLastBlock();
+    if (_Py_memtrack.last_block != 0) {
+        return _PyMemTrack_ForgetThenAlloc(block, nbytes);
+    }
     _Py_memtrack.last_block = (uintptr_t)block;
     if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
             nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT)))
@@ -372,7 +387,11 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
         && t != NULL)
     {
-        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PooledSize(ptr));
+        unsigned int szidx = _PyMemTrack_PooledClass((uintptr_t)ptr);
+        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_ClassSize(szidx));
+        /* No object is made in a buffer: its head can be put right now,
+           while its pool's header is at hand. */
+        _PyMemTrack_ForgetBlock((uintptr_t)ptr, szidx);
     }
     else if (ptr != NULL) {
         _PyMemTrack_ClaimBlock(owner, ptr);
