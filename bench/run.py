@@ -81,7 +81,6 @@ def measure_mode(mode, names, rounds):
 
 def geomean(values):
     """The summary of a set of ratios, as pyperformance gives it."""
-    values = list(values)
     return math.exp(statistics.mean(math.log(v) for v in values))
 
 
