@@ -63,10 +63,16 @@ def block_size(nbytes):
         libc.free(probe)
 
 
+def pre_header(cls):
+    """What the block of an instance of cls holds before the instance: the
+    GC header and the managed dict's pointers, if it has them."""
+    return ((GC_HEAD if cls.__flags__ & HAVE_GC else 0)
+            + (2 * POINTER if cls.__flags__ & MANAGED_DICT else 0))
+
+
 def instance_block(cls):
     """The block an instance of a plain class occupies, headers included."""
-    pre = GC_HEAD + (2 * POINTER if cls.__flags__ & MANAGED_DICT else 0)
-    return block_size(cls.__basicsize__ + pre)
+    return block_size(cls.__basicsize__ + pre_header(cls))
 
 
 def object_block(obj):
@@ -77,9 +83,7 @@ def object_block(obj):
     size = sys.getsizeof(obj)       # headers included
     if ALLOCATOR.startswith("pymalloc") and size + HOOKS <= 512:
         return block_size(size)
-    flags = type(obj).__flags__
-    pre = ((GC_HEAD if flags & HAVE_GC else 0)
-           + (2 * POINTER if flags & MANAGED_DICT else 0))
+    pre = pre_header(type(obj))
     # Debug hooks put 2 size_t before the block, at each domain they wrap.
     hooked = 2 if ALLOCATOR == "pymalloc_debug" else 1 if HOOKS else 0
     return libc.malloc_usable_size(id(obj) - pre - hooked * 2 * POINTER)
@@ -671,7 +675,7 @@ class MemtrackTests(unittest.TestCase):
         api.Py_DecRef.argtypes = [ctypes.py_object]
         # Laid out as the class's own instances are: after a GC header,
         # which starts zeroed.
-        pre = GC_HEAD if Sightglass_Outlived.__flags__ & HAVE_GC else 0
+        pre = pre_header(Sightglass_Outlived)
         size = pre + Sightglass_Outlived.__basicsize__
         blocks = [api.PyObject_Malloc(size) for _ in range(100)]
         try:
