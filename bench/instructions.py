@@ -24,10 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Calls of each workload: enough that start-up is a small part.
 REPEAT = 20
 
+IMPORT = f"import sys; sys.path.insert(0, {HERE!r}); import workloads"
+
 
 def instructions(python, name, repeat):
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import workloads; "
-            f"f = workloads.ALL[{name!r}]\nfor _ in range({repeat}): f()")
+    code = (f"{IMPORT}; f = workloads.ALL[{name!r}]\n"
+            f"for _ in range({repeat}): f()")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         res = subprocess.run(
@@ -42,13 +44,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--workload", action="append",
-                   choices=sorted(workloads.ALL), help="default: all")
+    workloads.add_arguments(p)
     ns = p.parse_args()
     print(f"instructions, B / A; A = {ns.a}, B = {ns.b}")
+    for py in (ns.a, ns.b):
+        # Compiled here, not in a counted run: a run that writes
+        # workloads.py's bytecode would count the compiler too.
+        subprocess.run([py, "-I", "-S", "-c", IMPORT], check=True)
     base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
     ratios = []
-    for name in ns.workload or list(workloads.ALL):
+    for name in workloads.chosen(ns):
         counts = {py: instructions(py, name, REPEAT) - base[py]
                   for py in (ns.a, ns.b)}
         ratios.append(counts[ns.b] / counts[ns.a])

@@ -72,10 +72,9 @@ def main():
                    help="layouts per build (default 4)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of each layout; the fastest counts")
-    p.add_argument("--workload", action="append",
-                   choices=sorted(workloads.ALL), help="default: all")
+    workloads.add_arguments(p)
     ns = p.parse_args()
-    names = ns.workload or list(workloads.ALL)
+    names = workloads.chosen(ns)
     seeds = range(1, ns.seeds + 1)
 
     for build in (ns.a, ns.b):

@@ -118,8 +118,7 @@ def main():
                    help="interpreter to measure modes on (repeatable)")
     p.add_argument("--mode", action="append",
                    help="mode to measure (default: all it supports)")
-    p.add_argument("--workload", action="append",
-                   choices=sorted(workloads.ALL), help="default: all")
+    workloads.add_arguments(p)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--builds", nargs=2, metavar=("A", "B"),
                    help="time B against A with no tool active")
@@ -128,7 +127,7 @@ def main():
     p.add_argument("--child-modes", action="store_true",
                    help=argparse.SUPPRESS)
     ns = p.parse_args()
-    names = ns.workload or list(workloads.ALL)
+    names = workloads.chosen(ns)
 
     if ns.child_modes:
         print(json.dumps({m: MODES[m][2] for m in sorted(MODES)}))
