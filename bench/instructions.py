@@ -48,8 +48,9 @@ def main():
     ns = p.parse_args()
     print(f"instructions, B / A; A = {ns.a}, B = {ns.b}")
     for py in (ns.a, ns.b):
-        # Compiled here, not in a counted run: a run that writes
-        # workloads.py's bytecode would count the compiler too.
+        # Compiled here, not in a counted run: a run that writes the
+        # bytecode of workloads.py or of what it imports counts the
+        # compiler too.
         subprocess.run([py, "-I", "-S", "-c", IMPORT], check=True)
     base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
     ratios = []

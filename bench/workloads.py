@@ -230,13 +230,14 @@ def trees():
     """Binary trees of tuples built, checked and dropped."""
     def make(depth):
         if depth == 0:
-            return (None, None)
+            return (None, depth)
         return (make(depth - 1), make(depth - 1))
 
     def check(node):
         left, right = node
         return 1 if left is None else 1 + check(left) + check(right)
-    return sum(check(make(10)) for _ in range(8))
+    # 8191 tuples a tree: more than the tuple free list keeps.
+    return check(make(12)) + check(make(12))
 
 
 _KINDS = (fib, methods, loop, builtins, gens, exc, alloc, build)
