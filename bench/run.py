@@ -104,12 +104,13 @@ def table(rows, names):
     geometric mean last."""
     summary = ["geomean"] if len(names) > 1 else []
     width = max(len(r[0]) for r in rows) + 2
-    print("".ljust(width) + "".join(n.rjust(9) for n in names + summary))
+    col = max(len(n) for n in names + summary) + 2
+    print("".ljust(width) + "".join(n.rjust(col) for n in names + summary))
     for label, values in rows:
         if summary:
             values = dict(values, geomean=geomean(values[n] for n in names))
         print(label.ljust(width)
-              + "".join(f"{values[n]:9.2f}" for n in names + summary))
+              + "".join(f"{values[n]:{col}.2f}" for n in names + summary))
 
 
 def main():
@@ -173,6 +174,9 @@ def main():
                                + sum((["--workload", n] for n in names),
                                      []))
             rows.append((f"{label} {mode}", ratios))
+    if not rows:
+        raise SystemExit(f"no interpreter given supports {ns.mode}; "
+                         f"modes: {', '.join(sorted(described))}")
     print("instrumented / plain, median of per-round ratios "
           f"({ns.rounds} rounds):")
     table(rows, names)
