@@ -175,7 +175,8 @@ def main():
                                      []))
             rows.append((f"{label} {mode}", ratios))
     if not rows:
-        raise SystemExit(f"no interpreter given supports {ns.mode}; "
+        raise SystemExit(f"no interpreter given supports "
+                         f"{', '.join(ns.mode)}; "
                          f"modes: {', '.join(sorted(described))}")
     print("instrumented / plain, median of per-round ratios "
           f"({ns.rounds} rounds):")

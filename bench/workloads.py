@@ -127,30 +127,25 @@ def json_io():
     return len(json.loads(text))
 
 
-class _Setting:
-    def __init__(self, name, value):
-        self.name = name
+class _Entry:
+    """An instance with a key and a value, for the programs to carry."""
+    def __init__(self, key, value):
+        self.key = key
         self.value = value
 
 
 def deepcopy():
     """copy.deepcopy of nested containers and instances."""
     config = {f"section{i}": {"items": [(j, str(j)) for j in range(10)],
-                              "setting": _Setting(f"s{i}", [i, i + 1]),
+                              "setting": _Entry(f"s{i}", [i, i + 1]),
                               "limits": {"low": i, "high": i * 2}}
               for i in range(100)}
     return len(copy.deepcopy(config))
 
 
-class _Order:
-    def __init__(self, number, lines):
-        self.number = number
-        self.lines = lines
-
-
 def pickle_io():
     """Instances, tuples and dicts through pickle and back."""
-    orders = [_Order(i, [(f"item{j}", j, j * 1.25) for j in range(5)])
+    orders = [_Entry(i, [(f"item{j}", j, j * 1.25) for j in range(5)])
               for i in range(1_000)]
     data = pickle.dumps({"orders": orders, "count": len(orders)})
     return len(pickle.loads(data)["orders"])
