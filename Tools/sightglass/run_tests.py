@@ -343,9 +343,10 @@ def main():
     slice_ = sorted(set(mine) | set(CORE_SLICE))
     install_check(lay, "test-tracking", tally, ns.jobs)
     # regrtest works in a short directory, not its default inside the
-    # build: test_socket's AF_UNIX tests skip when their socket's path
-    # passes the 108 bytes an AF_UNIX address holds, so where the clone
-    # lies would decide whether they run.
+    # build: the tests that bind AF_UNIX sockets there (test_socket's,
+    # test_pathlib's) skip when the socket's path passes the 108 bytes an
+    # AF_UNIX address holds, so where the clone lies would decide whether
+    # they run.
     with tempfile.TemporaryDirectory(prefix="sg-") as short:
         where = ["--tempdir", short]
         regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
