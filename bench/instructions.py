@@ -6,6 +6,12 @@ this runs each workload a fixed number of times under it, in each build,
 and prints B / A.  Start-up is subtracted: a run with no workload is
 counted too.
 
+A count is still that of one heap layout.  In a tracking build, whether
+the few blocks a tight loop reuses share a slot of the table of recent
+marks decides how often it marks: exc has counted from 1.00 to 1.03 times
+as much with a few hundred strings allocated before it.  Such a ratio
+says little alone; a set's geomean says more.
+
     python3 bench/instructions.py build/stock/python ./python
 """
 
@@ -26,6 +32,13 @@ REPEAT = 20
 
 IMPORT = f"import sys; sys.path.insert(0, {HERE!r}); import workloads"
 
+# String hashes are randomized per process, and the dicts' probing with
+# them moves a workload's count by up to 0.2% from run to run: the seed is
+# fixed.  -I would ignore it, so the runs get an environment of their own,
+# and -P and -s for the rest of what -I does.
+FLAGS = ["-P", "-s", "-S"]
+ENV = {"PATH": os.environ["PATH"], "PYTHONHASHSEED": "0"}
+
 
 def instructions(python, name, repeat):
     code = (f"{IMPORT}; f = workloads.ALL[{name!r}]\n"
@@ -34,8 +47,8 @@ def instructions(python, name, repeat):
         out = os.path.join(tmp, "callgrind.out")
         res = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             python, "-I", "-S", "-c", code],
-            capture_output=True, text=True, check=True)
+             python, *FLAGS, "-c", code],
+            capture_output=True, text=True, check=True, env=ENV)
     match = re.search(r"Collected : (\d+)", res.stderr)
     return int(match.group(1))
 
@@ -51,7 +64,7 @@ def main():
         # Compiled here, not in a counted run: a run that writes the
         # bytecode of workloads.py or of what it imports counts the
         # compiler too.
-        subprocess.run([py, "-I", "-S", "-c", IMPORT], check=True)
+        subprocess.run([py, *FLAGS, "-c", IMPORT], check=True, env=ENV)
     base = {py: instructions(py, "fib", 0) for py in (ns.a, ns.b)}
     ratios = []
     for name in workloads.chosen(ns):
