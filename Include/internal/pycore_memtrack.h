@@ -120,14 +120,12 @@ _PyMemTrack_ClassSize(unsigned int szidx)
     return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
 }
 
-/* The bits of the head of a block of size class szidx, counted from the
-   block's start: its first _PyMemTrack_HEAD_GRANULES granules, or all of a
-   smaller block. */
+/* How many granules the head of a block of size class szidx has. */
 static inline unsigned int
-_PyMemTrack_HeadMask(unsigned int szidx)
+_PyMemTrack_HeadGranules(unsigned int szidx)
 {
-    return (szidx < _PyMemTrack_HEAD_GRANULES - 1
-            ? (2u << szidx) - 1 : (1u << _PyMemTrack_HEAD_GRANULES) - 1);
+    return (szidx < _PyMemTrack_HEAD_GRANULES
+            ? szidx + 1 : _PyMemTrack_HEAD_GRANULES);
 }
 
 /* The size class of a block in a pool, from its pool's header. */
@@ -169,20 +167,29 @@ _PyMemTrack_Remember(uintptr_t block, uintptr_t op)
     _Py_memtrack_recent.object[slot] = op;
 }
 
-/* Mark the head of a block, whose bits are `head`, with one object, which
-   starts `into` bytes from the block's start.  (Most objects made take
-   this path, which is why the mark's bit is found with one shift.) */
+/* Write the head of a block, of so many granules: `marks` has the bit of
+   the granule, counted from the block's start, where its object starts, or
+   none. */
 static inline void
-_PyMemTrack_MarkHead(uintptr_t block, unsigned int head, uintptr_t into)
+_PyMemTrack_WriteHead(uintptr_t block, unsigned int granules,
+                      unsigned int marks)
 {
     unsigned int bit;
     uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
     uint16_t pair;
     memcpy(&pair, byte, sizeof(pair));
-    pair = (uint16_t)((pair & ~(head << bit))
-                      | (1u << (bit + (into >> _PyMemTrack_GRANULE_SHIFT))));
+    pair &= (uint16_t)~(((1u << granules) - 1) << bit);
+    pair |= (uint16_t)(marks << bit);
     memcpy(byte, &pair, sizeof(pair));
-    _PyMemTrack_Remember(block, block + into);
+}
+
+/* Mark the head of a block, of so many granules, with one object, op. */
+static inline void
+_PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
+{
+    _PyMemTrack_WriteHead(block, granules,
+                          1u << ((op - block) >> _PyMemTrack_GRANULE_SHIFT));
+    _PyMemTrack_Remember(block, op);
 }
 
 /* A pool is set up for a size class: the marks left are for another. */
@@ -207,14 +214,12 @@ _PyMemTrack_ClearPool(uintptr_t pool)
 static inline void
 _PyMemTrack_ForgetBlock(uintptr_t block, unsigned int szidx)
 {
-    unsigned int head = _PyMemTrack_HeadMask(szidx);
+    unsigned int granules = _PyMemTrack_HeadGranules(szidx);
     unsigned int bit;
-    uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
     uint16_t pair;
-    memcpy(&pair, byte, sizeof(pair));
-    if ((pair >> bit) & head) {
-        pair &= (uint16_t)~(head << bit);
-        memcpy(byte, &pair, sizeof(pair));
+    memcpy(&pair, _PyMemTrack_MapByte(block, &bit), sizeof(pair));
+    if ((pair >> bit) & ((1u << granules) - 1)) {
+        _PyMemTrack_WriteHead(block, granules, 0);
         _PyMemTrack_Remember(block, 0);
     }
     _Py_memtrack.last_block = 0;
