@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import workloads  # noqa: E402
-from run import calibrate, geomean, run_child  # noqa: E402
+from run import calibrate, geomean, heap_shift, run_child  # noqa: E402
 
 LINKER = "-fuse-ld=lld"
 
@@ -71,7 +71,8 @@ def main():
     p.add_argument("--seeds", type=int, default=4,
                    help="layouts per build (default 4)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="runs of each layout; the fastest counts")
+                   help="runs of each layout, each with the heap shifted "
+                        "differently (see run.ballast); the fastest counts")
     workloads.add_arguments(p)
     ns = p.parse_args()
     names = workloads.chosen(ns)
@@ -90,7 +91,8 @@ def main():
         best = {}
         for r in range(ns.rounds):
             for py in (pythons if r % 2 == 0 else pythons[::-1]):
-                t = run_child(py, ["--child-time", name, "--rounds", str(n)])
+                t = run_child(py, ["--child-time", name, "--rounds", str(n),
+                                   "--heap-shift", str(heap_shift(r))])
                 best[py] = min(best.get(py, t), t)
         base = geomean([best[py] for py in sides[ns.a]])
         spread = {build: [best[py] / base for py in sides[build]]
