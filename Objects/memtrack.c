@@ -19,8 +19,12 @@
 
 #define RELAXED memory_order_relaxed
 
-struct _Py_memtrack_locked _Py_memtrack;
-struct _Py_memtrack_recent _Py_memtrack_recent;
+struct _Py_memtrack_locked _Py_memtrack = {
+#ifdef Py_DEBUG
+    /* A debug build starts with the debug hooks. */
+    .hooks_pad = 2 * sizeof(size_t),
+#endif
+};
 /* Blocks of the mem and object domains from outside the pools. */
 static Py_ssize_t large_blocks;
 
@@ -38,9 +42,9 @@ static _Py_memtally *tallies;
 static _Py_memtally *free_tallies;
 
 /* Every type made ready and not freed since.  The walk reads no type that
-   is not here: a mark can be wrong when C code makes an object inside a
-   block it holds, then reuses the memory, and the "type" it then finds
-   must not be followed. */
+   is not here: an unmarked block need not hold an object where the walk
+   looks for one (C code may make an object inside a block it holds, then
+   reuse the memory), and a "type" found there must not be followed. */
 static _Py_hashtable_t *live_types;
 /* Types a walk found there lately, by their address: a walk meets the
    same few types again and again. */
@@ -248,7 +252,7 @@ is_live_type(PyTypeObject *type)
 {
     size_t slot = seen_slot(type);
     if (live_types_seen[slot] == type) {
-        return 1;
+        return type != NULL;
     }
     if (live_types == NULL || _Py_hashtable_get(live_types, type) == NULL) {
         return 0;
@@ -443,7 +447,7 @@ _PyMemTrack_NewLargeObject(void *block, PyObject *op)
 static void
 claim(_Py_memtally *t, void *ptr)
 {
-    size_t size = t != NULL && ptr != NULL ? _PyMem_ReservedSize(ptr) : 0;
+    size_t size = t != NULL && ptr != NULL ? _PyMemTrack_ClaimedSize(ptr) : 0;
     if (size > 0) {
         _PyMemTrack_Claim(t, (Py_ssize_t)size);
     }
@@ -610,16 +614,37 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
 }
 
 static void
-count_object(PyObject *op, size_t size, void *Py_UNUSED(arg))
+count_object(PyObject *op, size_t size)
 {
-    if (!is_live_type(Py_TYPE(op))) {
-        return;     /* not an object after all: see live_types */
-    }
     _Py_memtally *t = type_tally(Py_TYPE(op), 1);
     if (t != NULL) {
         t->object_bytes += (Py_ssize_t)size;
         t->objects++;
     }
+}
+
+/* A block in a pool that is not marked as data: find its object, which
+   starts after what its type puts before an object (the GC header, the
+   managed dict).  Before the object's start the block holds no type:
+   those words are the GC header's link to the previous object (with flag
+   bits) and the managed dict's pointers. */
+static void
+count_pooled(void *block, size_t size, void *Py_UNUSED(arg))
+{
+    /* The block starts before what the domain handed out by the pad. */
+    size_t room = size - _Py_memtrack.hooks_pad;
+    const size_t most = sizeof(PyGC_Head) + 2 * sizeof(PyObject *);
+    for (size_t pre = 0; pre <= most && pre + sizeof(PyObject) <= room;
+         pre += 2 * sizeof(PyObject *))
+    {
+        PyObject *op = (PyObject *)((char *)block + pre);
+        PyTypeObject *type = Py_TYPE(op);
+        if (is_live_type(type) && _PyType_PreHeaderSize(type) == pre) {
+            count_object(op, size);
+            return;
+        }
+    }
+    /* Not an object after all (see live_types): anonymous. */
 }
 
 /* Count every object under its type, as it is now; return how many blocks
@@ -631,11 +656,11 @@ count_objects(void)
         t->object_bytes = 0;
         t->objects = 0;
     }
-    Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_object, NULL);
+    Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_pooled, NULL);
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
         large_block *entry = &large_table[i];
-        if (entry->op != NULL) {
-            count_object(entry->op, entry->size, NULL);
+        if (entry->op != NULL && is_live_type(Py_TYPE(entry->op))) {
+            count_object(entry->op, entry->size);
         }
     }
     return pooled + large_blocks;

@@ -12,30 +12,32 @@ extern "C" {
 
    The allocators count the bytes of every block they hand out, with the
    size they really reserve.  Objects are attributed when someone asks:
-   _Py_NewReference() only marks where an object starts, in a bitmap in the
-   header of its pymalloc pool (or, for the few objects outside the pools,
-   in a table), and sys.type_memory_usage() walks the marks and reads each
-   object's type then.  So the hot paths never touch a type, neither a
-   __class__ assignment nor a free list needs bookkeeping, and a block
-   counts as an object's exactly as long as it is allocated.  Buffers an
-   object owns (list items, dict tables, ...) are fewer: their owners claim
-   them for their type's tally.  The anonymous tag is what no one has
-   marked or claimed.
+   sys.type_memory_usage() walks pymalloc's allocated blocks (and a table
+   of the few objects outside the pools) and reads each object's type
+   then.  So the hot paths never touch a type's tally, neither a __class__
+   assignment nor a free list needs bookkeeping, and a block counts as an
+   object's exactly as long as it is allocated.  Buffers an object owns
+   (list items, dict tables, ...) are fewer: their owners claim them for
+   their type's tally.  The anonymous tag is what no one has claimed and
+   no object is in.
 
-   The marks are kept lazily, so that an int made and dropped in a loop
-   costs little more than its two trips through pymalloc.  A free leaves the
-   map alone and stamps the block instead; a walk skips stamped blocks.  A
-   block handed out again usually gets an object where its last one
-   started, and finds the mark already there.  Otherwise the map is put
-   right by whoever comes next: _Py_NewReference() rewrites the block's
-   marks, and if no object is made in it, its owner's claim, the next
-   allocation or the walk clears them.  So the marks of every allocated
-   block but the one handed out last are exact, and no block's head ever
-   has more than one mark. */
+   Most blocks hold objects, so it is the other blocks that are marked:
+   a bit in a map in the header of each pool says that a block holds data
+   (a buffer, claimed or not).  pymalloc hands out every block unmarked,
+   and remembers it as the last block until its use is known: an object
+   made in it leaves it unmarked, and a claim, the next allocation or the
+   walk marks it as data.  So making an object costs a comparison, and the
+   map is written for data only, and where a block is handed out: not
+   where it is freed, since the last block may be freed before its use is
+   known, and marked afterwards.  The walk visits the allocated blocks that
+   are not marked, and finds each one's object after what its type puts
+   before objects (the GC header, the managed dict), which holds no type:
+   see count_pooled() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
 #include "pycore_atomic.h"        // _Py_atomic_address
+#include "pycore_object.h"        // _PyType_PreHeaderSize()
 
 /* A note on layout.  Fields that one function writes are never
    neighbours: GCC would combine two such stores into one 16-byte vector
@@ -63,54 +65,58 @@ struct _Py_memtrack_locked {
     Py_ssize_t bytes;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
-    /* The block pymalloc handed out last, until an object is made in it.
-       Its marks are from its earlier life. */
+    /* The block pymalloc handed out last, while its use is unknown. */
     uintptr_t last_block;
+    /* What debug hooks put before the pointer they hand out: 0 or 16. */
+    uintptr_t hooks_pad;
 };
 PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 
-/* pymalloc's pools, as the object marks see them (obmalloc.c checks that
-   they agree): 16 KiB, aligned, of 16-byte granules.  The header ends with
-   a map of a bit for each granule; the map's first byte would only cover
-   the header itself, and is left out. */
+/* pymalloc's pools, as the marks see them (obmalloc.c checks that they
+   agree): 16 KiB, aligned, of 16-byte granules.  The header ends with a
+   map of a bit for each granule; the map's first byte would only cover
+   the header itself, and is left out.  A block's bit is its first
+   granule's. */
 #define _PyMemTrack_POOL_SIZE (1 << 14)
 #define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
 #define _PyMemTrack_GRANULE_SHIFT 4
 #define _PyMemTrack_SZIDX_OFFSET 36
 #define _PyMemTrack_MAP_OFFSET 48
 #define _PyMemTrack_MAP_BYTES 128
-/* An object starts within this many granules of its block (its head):
-   after the debug hooks' pad, the GC header and the managed dict's two
-   pointers. */
-#define _PyMemTrack_HEAD_GRANULES 4
-#define _PyMemTrack_HEAD_BYTES \
-    (_PyMemTrack_HEAD_GRANULES << _PyMemTrack_GRANULE_SHIFT)
 
-/* What pymalloc's free writes into a block's second word.  No block that
-   holds an object has it there: the word is the object's type, the GC
-   header's prev link (a pointer, or a count shifted by two, with two flag
-   bits), the managed dict, or the debug hooks' pad; and the stamp is above
-   every address and count. */
-#define _PyMemTrack_FREED ((uintptr_t)-5)
-
-/* Where the map holds the bit of p's granule: the bit's byte, and its
-   place there.  A block's head lies in the two bytes from its start's. */
+/* The map's byte that holds the bit of a block in a pool. */
 static inline uint8_t *
-_PyMemTrack_MapByte(uintptr_t p, unsigned int *bit)
+_PyMemTrack_MapByte(uintptr_t block)
 {
-    *bit = (p >> _PyMemTrack_GRANULE_SHIFT) % 8;
-    return (uint8_t *)((p & ~_PyMemTrack_POOL_MASK)
+    return (uint8_t *)((block & ~_PyMemTrack_POOL_MASK)
                        + _PyMemTrack_MAP_OFFSET - 1
-                       + ((p & _PyMemTrack_POOL_MASK)
+                       + ((block & _PyMemTrack_POOL_MASK)
                           >> (_PyMemTrack_GRANULE_SHIFT + 3)));
 }
 
-/* Whether an object is marked as starting at p. */
-static inline int
-_PyMemTrack_Marked(uintptr_t p)
+static inline uint8_t
+_PyMemTrack_MapBit(uintptr_t block)
 {
-    unsigned int bit;
-    return (*_PyMemTrack_MapByte(p, &bit) >> bit) & 1;
+    return (uint8_t)(1u << ((block >> _PyMemTrack_GRANULE_SHIFT) % 8));
+}
+
+/* Whether a block in a pool is marked as holding data. */
+static inline int
+_PyMemTrack_IsData(uintptr_t block)
+{
+    return (*_PyMemTrack_MapByte(block) & _PyMemTrack_MapBit(block)) != 0;
+}
+
+static inline void
+_PyMemTrack_MarkData(uintptr_t block)
+{
+    *_PyMemTrack_MapByte(block) |= _PyMemTrack_MapBit(block);
+}
+
+static inline void
+_PyMemTrack_Unmark(uintptr_t block)
+{
+    *_PyMemTrack_MapByte(block) &= (uint8_t)~_PyMemTrack_MapBit(block);
 }
 
 /* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
@@ -118,14 +124,6 @@ static inline size_t
 _PyMemTrack_ClassSize(unsigned int szidx)
 {
     return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
-}
-
-/* How many granules the head of a block of size class szidx has. */
-static inline unsigned int
-_PyMemTrack_HeadGranules(unsigned int szidx)
-{
-    return (szidx < _PyMemTrack_HEAD_GRANULES
-            ? szidx + 1 : _PyMemTrack_HEAD_GRANULES);
 }
 
 /* The size class of a block in a pool, from its pool's header. */
@@ -139,98 +137,15 @@ _PyMemTrack_PooledClass(uintptr_t block)
     return szidx;
 }
 
-/* The blocks whose heads were marked last, and the object each one's head
-   marks (0 for none), by where the block lies in its pool: a block handed
-   out again is mostly one of these, so _Py_NewReference() can see that its
-   mark is right without reading the map.  Blocks and objects are kept
-   apart so that no two of the words one function stores are neighbours
-   (see the note on layout above). */
-#define _PyMemTrack_RECENT 128
-struct _Py_memtrack_recent {
-    uintptr_t block[_PyMemTrack_RECENT];
-    uintptr_t object[_PyMemTrack_RECENT];
-};
-PyAPI_DATA(struct _Py_memtrack_recent) _Py_memtrack_recent;
-
-static inline size_t
-_PyMemTrack_RecentSlot(uintptr_t block)
-{
-    return (block >> _PyMemTrack_GRANULE_SHIFT) % _PyMemTrack_RECENT;
-}
-
-/* The head of a block marks op (0: none), as the table will tell. */
-static inline void
-_PyMemTrack_Remember(uintptr_t block, uintptr_t op)
-{
-    size_t slot = _PyMemTrack_RecentSlot(block);
-    _Py_memtrack_recent.block[slot] = block;
-    _Py_memtrack_recent.object[slot] = op;
-}
-
-/* Write the head of a block, of so many granules: `marks` has the bit of
-   the granule, counted from the block's start, where its object starts, or
-   none. */
-static inline void
-_PyMemTrack_WriteHead(uintptr_t block, unsigned int granules,
-                      unsigned int marks)
-{
-    unsigned int bit;
-    uint8_t *byte = _PyMemTrack_MapByte(block, &bit);
-    uint16_t pair;
-    memcpy(&pair, byte, sizeof(pair));
-    pair &= (uint16_t)~(((1u << granules) - 1) << bit);
-    pair |= (uint16_t)(marks << bit);
-    memcpy(byte, &pair, sizeof(pair));
-}
-
-/* Mark the head of a block, of so many granules, with one object, op. */
-static inline void
-_PyMemTrack_MarkHead(uintptr_t block, unsigned int granules, uintptr_t op)
-{
-    _PyMemTrack_WriteHead(block, granules,
-                          1u << ((op - block) >> _PyMemTrack_GRANULE_SHIFT));
-    _PyMemTrack_Remember(block, op);
-}
-
-/* A pool is set up for a size class: the marks left are for another. */
-static inline void
-_PyMemTrack_ClearPool(uintptr_t pool)
-{
-    memset((void *)(pool + _PyMemTrack_MAP_OFFSET), 0,
-           _PyMemTrack_MAP_BYTES);
-    for (size_t i = 0; i < _PyMemTrack_RECENT; i++) {
-        if ((_Py_memtrack_recent.block[i] & ~_PyMemTrack_POOL_MASK)
-            == pool)
-        {
-            _Py_memtrack_recent.object[i] = 0;
-        }
-    }
-}
-
-/* No object was made in the block handed out last, of size class szidx:
-   clear its head.  Mostly nothing marks it (it held no object before
-   either), and then the map is left alone; so is the table, which tells
-   of no mark the map does not have. */
-static inline void
-_PyMemTrack_ForgetBlock(uintptr_t block, unsigned int szidx)
-{
-    unsigned int granules = _PyMemTrack_HeadGranules(szidx);
-    unsigned int bit;
-    uint16_t pair;
-    memcpy(&pair, _PyMemTrack_MapByte(block, &bit), sizeof(pair));
-    if ((pair >> bit) & ((1u << granules) - 1)) {
-        _PyMemTrack_WriteHead(block, granules, 0);
-        _PyMemTrack_Remember(block, 0);
-    }
-    _Py_memtrack.last_block = 0;
-}
-
+/* The block handed out last holds data, as far as anyone knows: no object
+   was made in it before the next allocation, or sys walks now. */
 static inline void
 _PyMemTrack_ForgetLastBlock(void)
 {
     uintptr_t last = _Py_memtrack.last_block;
     if (last != 0) {
-        _PyMemTrack_ForgetBlock(last, _PyMemTrack_PooledClass(last));
+        _PyMemTrack_MarkData(last);
+        _Py_memtrack.last_block = 0;
     }
 }
 
@@ -278,8 +193,8 @@ _PyMemTrack_Count(size_t size)
    more across a call than the request it already keeps.) */
 extern void *_PyMemTrack_NotePeakFor(void *block);
 /* The same, once the block handed out before, in which no object was
-   made, is forgotten: out of line, so that the usual case keeps no more
-   registers than pymalloc's own. */
+   made, is marked as data: out of line, so that the usual case keeps no
+   more registers than pymalloc's own. */
 extern void *_PyMemTrack_ForgetThenAlloc(void *block, size_t nbytes);
 
 static inline void *
@@ -289,6 +204,8 @@ _PyMemTrack_Alloc(void *block, size_t nbytes)
         return _PyMemTrack_ForgetThenAlloc(block, nbytes);
     }
     _Py_memtrack.last_block = (uintptr_t)block;
+    /* Whatever its last life was (marked after it was freed, even). */
+    _PyMemTrack_Unmark((uintptr_t)block);
     if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
             nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT)))
     {
@@ -302,15 +219,6 @@ static inline void
 _PyMemTrack_Free(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
-}
-
-/* pymalloc frees a block of size class szidx: whatever object started in
-   it is gone, though its mark stays. */
-static inline void
-_PyMemTrack_FreePooled(void *block, unsigned int szidx)
-{
-    _PyMemTrack_Free(_PyMemTrack_ClassSize(szidx));
-    ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve, as
@@ -327,26 +235,23 @@ extern void _PyMemTrack_FreeRaw(size_t size);
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 
 /* What the allocator reserved for a block of the mem or object domain; 0
-   for one the accounting does not count. */
+   for one the accounting does not count.  The second is for a block being
+   claimed, which holds data: a pooled one is marked so. */
 extern size_t _PyMem_ReservedSize(void *ptr);
+extern size_t _PyMemTrack_ClaimedSize(void *ptr);
 
-/* Objects: mark where one starts.  Marking twice is harmless, so a
-   resized object is simply marked again. */
+/* An object is made: where its block is, as the domain handed it out. */
 extern void _PyMemTrack_NewObjectSlow(PyObject *op);
 extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 
 static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
-    /* The usual case: an object made in the block pymalloc handed out
-       last, where the block's last object started too, and that block was
-       marked recently. */
-    uintptr_t last = _Py_memtrack.last_block;
-    size_t slot = _PyMemTrack_RecentSlot(last);
-    if (_Py_memtrack_recent.object[slot] == (uintptr_t)op
-        && _Py_memtrack_recent.block[slot] == last)
-    {
-        assert(_PyMemTrack_Marked((uintptr_t)op));
+    /* The usual case: made in the block pymalloc handed out last, which
+       stays unmarked. */
+    uintptr_t block = ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
+                       - _Py_memtrack.hooks_pad);
+    if (block == _Py_memtrack.last_block) {
         _Py_memtrack.last_block = 0;
     }
     else {
@@ -360,9 +265,10 @@ _PyMemTrack_NewObject(PyObject *op)
    whether the object is in a pool. */
 extern void _Py_NewReferenceFromFreeList(PyObject *op);
 
-/* For sys.type_memory_usage(): visit every object in the pools with the
-   size of its block, and count the blocks in the pools. */
-typedef void (*_PyMemTrack_visitfunc)(PyObject *op, size_t size, void *arg);
+/* For sys.type_memory_usage(): visit every allocated block in the pools
+   that is not marked as data, as the domain handed it out, with its size;
+   and count the blocks in the pools. */
+typedef void (*_PyMemTrack_visitfunc)(void *block, size_t size, void *arg);
 extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
                                           void *arg);
 
@@ -389,9 +295,8 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     {
         unsigned int szidx = _PyMemTrack_PooledClass((uintptr_t)ptr);
         _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_ClassSize(szidx));
-        /* No object is made in a buffer: its head can be put right now,
-           while its pool's header is at hand. */
-        _PyMemTrack_ForgetBlock((uintptr_t)ptr, szidx);
+        _PyMemTrack_MarkData((uintptr_t)ptr);
+        _Py_memtrack.last_block = 0;
     }
     else if (ptr != NULL) {
         _PyMemTrack_ClaimBlock(owner, ptr);

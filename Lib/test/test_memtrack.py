@@ -332,10 +332,9 @@ class MemtrackTests(unittest.TestCase):
                                 before - 40)
 
     def test_block_of_a_dead_object_reused_as_a_buffer(self):
-        # A freed block keeps its object's mark until it is handed out
-        # again.  Taken up by a buffer, it must not be read as an object:
-        # here the buffer holds, where the object's type was, a class that
-        # never has instances.
+        # A freed block may be handed out again for data.  Taken up by a
+        # buffer, it must not be read as an object: here the buffer holds,
+        # where the object's type was, a class that never has instances.
         class Sightglass_Dead:
             __slots__ = ("a",)
 
@@ -352,18 +351,28 @@ class MemtrackTests(unittest.TestCase):
         self.assertNotIn(Sightglass_Never.__name__, counts)
         del bufs
 
+    def test_buffer_block_reused_for_an_object(self):
+        # The other way round: a block that held data holds an object now.
+        # Buffers of 31 bytes and ints of 28 share a size class.
+        bufs = [bytearray(30) for _ in range(N)]
+        before = sys.type_allocation_counts()["int"]
+        del bufs
+        large = 1 << 40
+        ints = [large + i for i in range(N)]    # in the buffers' blocks
+        # ... and `before`, an int too.
+        self.assertEqual(sys.type_allocation_counts()["int"], before + N + 1)
+        del ints
+
     def test_pool_reused_for_another_size(self):
-        # A pool whose blocks are all freed may serve another size class;
-        # the marks of its old blocks mean nothing for the new ones.  Bare
-        # objects leave a mark every granule (every third under debug
-        # hooks); instances of a plain class start two granules into their
-        # block (three under the hooks), so many of their blocks would find
-        # a stale mark both where the instance starts and before it.
+        # A pool whose blocks are all freed may serve another size class,
+        # whose blocks start where the old ones did every so often.  The
+        # old blocks held data (bytearray buffers of 31 bytes); none of the
+        # new ones must be taken for data.
         class Sightglass_Fresh:
             pass
         keep, old = [], []
-        for i in range(200_000):
-            old.append(object())
+        for i in range(100_000):
+            old.append(bytearray(30))
             if i % 100 == 0:
                 keep.append(bytes(400))     # a pool of these in each arena
         del old
@@ -372,26 +381,49 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(counts[Sightglass_Fresh.__name__], 2 * N)
         del objs, keep
 
-    def test_pool_reused_for_another_size_forgets_recent_blocks(self):
-        # The interpreter remembers the objects it marked last, by block,
-        # to skip the map when an object comes back to where one started.
-        # A pool set up for another size class has other blocks, though a
-        # new one may start where an old one did: every third, here.  What
-        # was remembered of the old blocks must not count for the new ones.
-        small, large = 48, 144      # bytes objects of 15 and 111 bytes
-        if block_size(small) != small or block_size(large) != large:
-            self.skipTest("needs pymalloc without debug hooks")
-        # Where the last old object lands in its pool decides whether a new
-        # object comes to a remembered block: try a few places.
-        for n in range(2000, 3000, 97):
-            old = [bytes(small - 33) for _ in itertools.repeat(None, n)]
-            old.reverse()
-            del old     # in the order made: the last pool is reused first
-            before = sys.type_allocation_counts()["bytes"]
-            new = [bytes(large - 33) for _ in itertools.repeat(None, n)]
-            self.assertEqual(sys.type_allocation_counts()["bytes"],
-                             before + n)
-            del new
+    def test_objects_made_after_other_allocations(self):
+        # A collection can run between the allocation of an object's block
+        # and the object's making, and allocate; so can any C code.  The
+        # block is taken for data then, until the object is made in it.
+        class Sightglass_Late:
+            pass
+
+        def callback(phase, info):      # info: a dict made for each call
+            pass
+        self.addCleanup(gc.set_threshold, *gc.get_threshold())
+        self.addCleanup(gc.callbacks.remove, callback)
+        gc.callbacks.append(callback)
+        gc.set_threshold(1)
+        gc.enable()
+        objs = [Sightglass_Late() for _ in range(1000)]
+        gc.disable()
+        self.assertEqual(
+            sys.type_allocation_counts()[Sightglass_Late.__name__], 2000)
+        del objs
+
+    def test_data_holding_a_type_is_not_an_object(self):
+        # A block of data may hold, where an object would keep its type, the
+        # address of one: C code's array of objects, say.  It is anonymous
+        # memory all the same.
+        class Sightglass_Held:
+            pass
+        api = ctypes.pythonapi
+        api.PyMem_Malloc.restype = ctypes.c_void_p
+        api.PyMem_Malloc.argtypes = [ctypes.c_size_t]
+        api.PyMem_Free.argtypes = [ctypes.c_void_p]
+        size = 6 * POINTER
+        words = ctypes.c_void_p * 6
+        blocks = [api.PyMem_Malloc(size) for _ in range(100)]
+        try:
+            for p in blocks:
+                # Every place where the walk may look for a type.
+                words.from_address(p)[:] = [id(Sightglass_Held)] * 6
+            counts = sys.type_allocation_counts()
+            self.assertNotIn(Sightglass_Held.__name__, counts)
+            self.check_tags_add_up()
+        finally:
+            for p in blocks:
+                api.PyMem_Free(p)
 
     def test_list_items_count_under_list(self):
         before = sys.type_memory_usage()["list"]
