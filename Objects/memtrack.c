@@ -50,6 +50,12 @@ static _Py_hashtable_t *live_types;
    same few types again and again. */
 #define SEEN_BITS 6
 static PyTypeObject *live_types_seen[1 << SEEN_BITS];
+/* A bit for the hash of every address made a type here, never cleared: an
+   address whose bit is clear is no type's.  Most words the walk reads
+   where an object may start are not (the GC header's links, the managed
+   dict), and this tells so without a look in live_types. */
+#define FILTER_BITS 16
+static uint8_t live_types_filter[(1 << FILTER_BITS) / 8];
 
 /* An address scrambled, for the tables here: the high bits mix them all. */
 static uint64_t
@@ -62,6 +68,12 @@ static size_t
 seen_slot(PyTypeObject *type)
 {
     return (size_t)(address_hash(type) >> (64 - SEEN_BITS));
+}
+
+static size_t
+filter_bit(PyTypeObject *type)
+{
+    return (size_t)(address_hash(type) >> (64 - FILTER_BITS));
 }
 
 
@@ -244,6 +256,8 @@ _PyMemTrack_AddType(PyTypeObject *type)
     if (_Py_hashtable_get(live_types, type) == NULL) {
         (void)_Py_hashtable_set(live_types, type, type);
     }
+    size_t bit = filter_bit(type);
+    live_types_filter[bit / 8] |= (uint8_t)(1u << (bit % 8));
 }
 
 /* Whether a walk may read type: the type of an object it found. */
@@ -254,7 +268,10 @@ is_live_type(PyTypeObject *type)
     if (live_types_seen[slot] == type) {
         return type != NULL;
     }
-    if (live_types == NULL || _Py_hashtable_get(live_types, type) == NULL) {
+    size_t bit = filter_bit(type);
+    if (!((live_types_filter[bit / 8] >> (bit % 8)) & 1)
+        || live_types == NULL || _Py_hashtable_get(live_types, type) == NULL)
+    {
         return 0;
     }
     live_types_seen[slot] = type;

@@ -29,10 +29,11 @@ extern "C" {
    walk marks it as data.  So making an object costs a comparison, and the
    map is written for data only, and where a block is handed out: not
    where it is freed, since the last block may be freed before its use is
-   known, and marked afterwards.  The walk visits the allocated blocks that
-   are not marked, and finds each one's object after what its type puts
-   before objects (the GC header, the managed dict), which holds no type:
-   see count_pooled() in memtrack.c. */
+   known, and marked afterwards.  A free stamps its block instead.  The
+   walk visits the allocated blocks that are neither marked nor stamped,
+   and finds each one's object after what its type puts before objects
+   (the GC header, the managed dict), which holds no type: see
+   count_pooled() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -83,6 +84,14 @@ PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 #define _PyMemTrack_SZIDX_OFFSET 36
 #define _PyMemTrack_MAP_OFFSET 48
 #define _PyMemTrack_MAP_BYTES 128
+
+/* What pymalloc's free writes into a block's second word, so that the walk
+   can tell a free block without following the pool's list.  No block that
+   holds an object has it there: the word is the object's type, the GC
+   header's prev link (a pointer, or a count shifted by two, with two flag
+   bits), the managed dict, or the debug hooks' pad; and the stamp is above
+   every address and count. */
+#define _PyMemTrack_FREED ((uintptr_t)-5)
 
 /* The map's byte that holds the bit of a block in a pool. */
 static inline uint8_t *
@@ -221,6 +230,14 @@ _PyMemTrack_Free(size_t size)
     _Py_memtrack.bytes -= (Py_ssize_t)size;
 }
 
+/* pymalloc frees a block of size class szidx. */
+static inline void
+_PyMemTrack_FreePooled(void *block, unsigned int szidx)
+{
+    _PyMemTrack_Free(_PyMemTrack_ClassSize(szidx));
+    ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
+}
+
 /* Blocks of the mem and object domains that pymalloc does not serve, as
    the domain hands them out (inside any debug hooks). */
 extern void _PyMemTrack_AllocLarge(void *block, size_t size);
@@ -240,7 +257,9 @@ extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 extern size_t _PyMem_ReservedSize(void *ptr);
 extern size_t _PyMemTrack_ClaimedSize(void *ptr);
 
-/* An object is made: where its block is, as the domain handed it out. */
+/* An object is made: its block is an object's.  Out of line, for an
+   object made elsewhere than in the block handed out last; and for one
+   outside the pools, in the block the domain handed out. */
 extern void _PyMemTrack_NewObjectSlow(PyObject *op);
 extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 
@@ -248,7 +267,8 @@ static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
     /* The usual case: made in the block pymalloc handed out last, which
-       stays unmarked. */
+       stays unmarked.  The block starts before the object by what its type
+       puts there, and by the debug hooks' pad. */
     uintptr_t block = ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
                        - _Py_memtrack.hooks_pad);
     if (block == _Py_memtrack.last_block) {
@@ -259,9 +279,9 @@ _PyMemTrack_NewObject(PyObject *op)
     }
 }
 
-/* _Py_NewReference() for an object taken from a free list, which needs no
-   mark: its block was never freed, so the mark of its first life stands.
-   The generic path would find that out, but only after asking pymalloc
+/* _Py_NewReference() for an object taken from a free list, whose block
+   needs nothing: it was never freed, and is still an object's.  The
+   generic path would find that out, but only after asking pymalloc
    whether the object is in a pool. */
 extern void _Py_NewReferenceFromFreeList(PyObject *op);
 

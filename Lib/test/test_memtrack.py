@@ -340,9 +340,12 @@ class MemtrackTests(unittest.TestCase):
 
         class Sightglass_Never:
             pass
-        block = instance_block(Sightglass_Dead)
-        items = next(n for n in range(1, 64)
-                     if block_size(n * POINTER) == block)
+        # Item arrays that fill the instances' blocks: their size rounded
+        # up to pymalloc's 16 bytes.  (malloc()'s sizes, under
+        # PYTHONMALLOC=malloc, are not to be found by probing it: see
+        # object_block().)
+        size = Sightglass_Dead.__basicsize__ + pre_header(Sightglass_Dead)
+        items = -(-size // 16) * 16 // POINTER
         objs = [Sightglass_Dead() for _ in range(N)]
         del objs
         bufs = [[Sightglass_Never] * items for _ in range(N)]
@@ -399,6 +402,17 @@ class MemtrackTests(unittest.TestCase):
         gc.disable()
         self.assertEqual(
             sys.type_allocation_counts()[Sightglass_Late.__name__], 2000)
+        del objs
+
+    def test_block_freed_before_its_use_is_known(self):
+        # C code may free the block it allocated last before anything else
+        # is allocated: the next allocation must not take it for data then.
+        # This test function reallocates a block of 42 bytes to 200 and
+        # frees it, with nothing in between.
+        before = sys.type_allocation_counts()["bytes"]
+        _testcapi.test_pyobject_setallocators()
+        objs = [bytes(200 - 33) for _ in range(100)]    # one in that block
+        self.assertEqual(sys.type_allocation_counts()["bytes"], before + 100)
         del objs
 
     def test_data_holding_a_type_is_not_an_object(self):
