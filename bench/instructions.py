@@ -6,11 +6,11 @@ this runs each workload a fixed number of times under it, in each build,
 and prints B / A.  Start-up is subtracted: a run with no workload is
 counted too.
 
-A count is still that of one heap layout.  In a tracking build, whether
-the few blocks a tight loop reuses share a slot of the table of recent
-marks decides how often it marks: exc has counted from 1.00 to 1.03 times
-as much with a few hundred strings allocated before it.  Such a ratio
-says little alone; a set's geomean says more.
+A count is still that of one heap layout: where a workload's blocks fall
+decides how many pools it sets up and how often an arena is given back
+and mapped again (see README.md).  In a tracking build, exc counts 0.2%
+more with a few hundred strings allocated before it.  Such a ratio says
+little alone; a set's geomean says more.
 
     python3 bench/instructions.py build/stock/python ./python
 """
