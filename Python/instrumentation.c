@@ -682,17 +682,22 @@ site_tools(PyCodeObject *code, int site, int event)
     return unit_tools(data, site, event);
 }
 
-/* Calls the `event` callbacks of `tools`, lowest tool id first, with the
-   code, the offset of `site` and the event's own arguments.  A tool's
-   callback and what it calls raise no events for that tool, and none for
-   sys.settrace() and sys.setprofile() functions, which in 3.11 never see
-   the code of a hook. */
+/* 3.12's rule: no tool hears of anything while a monitoring callback, a
+   trace function or a profile function runs in this thread.  Each of them
+   runs between PyThreadState_EnterTracing() and LeaveTracing(), so a
+   debugger's REPL inside a LINE callback, or one tool's callback, is never
+   recorded by another tool; sys.call_tracing() lifts the rule, as it lifts
+   it for trace functions. */
+#define SILENCED(tstate) ((tstate)->tracing != 0)
+
+/* Calls the `event` callbacks of `tools`, highest tool id first (as 3.12
+   does), with the code, the offset of `site` and the event's own
+   arguments. */
 static int
 deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
         uint8_t tools, PyObject *arg1, PyObject *arg2)
 {
-    tools &= ~tstate->monitoring_tools_in_callback;
-    if (tools == 0) {
+    if (tools == 0 || SILENCED(tstate)) {
         return 0;
     }
     /* LINE is told the line, every other event the offset. */
@@ -706,7 +711,7 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
     size_t nargs = 2 + (arg1 != NULL) + (arg2 != NULL);
     struct _Py_monitoring_state *state = &tstate->interp->monitoring;
     int err = 0;
-    for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+    for (int tool = _PY_MONITORING_TOOL_IDS - 1; tool >= 0; tool--) {
         if (!((tools >> tool) & 1)) {
             continue;
         }
@@ -717,13 +722,10 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
             continue;
         }
         Py_INCREF(callback);
-        uint8_t outer = tstate->monitoring_tools_in_callback;
-        tstate->monitoring_tools_in_callback = outer | (1 << tool);
         PyThreadState_EnterTracing(tstate);
         PyObject *res = PyObject_Vectorcall(
             callback, args + 1, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         PyThreadState_LeaveTracing(tstate);
-        tstate->monitoring_tools_in_callback = outer;
         Py_DECREF(callback);
         if (res == NULL) {
             err = -1;
@@ -797,7 +799,7 @@ deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
                          int event, uint8_t tools, PyObject *arg1,
                          PyObject *arg2)
 {
-    if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
+    if (tools == 0 || SILENCED(tstate)) {
         return 0;
     }
     PyObject *type, *value, *tb;
@@ -930,7 +932,7 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     }
     int site = instr_index(frame, instr);
     uint8_t tools = site_tools(code, site, EVENT(STOP_ITERATION));
-    if ((tools & ~tstate->monitoring_tools_in_callback) == 0) {
+    if (tools == 0 || SILENCED(tstate)) {
         return 0;
     }
     if (value == NULL) {
@@ -968,12 +970,6 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     {
         goto error;
     }
-    tools = unit_tools(data, site, EVENT(INSTRUCTION));
-    if (tools && deliver(tstate, code, site, EVENT(INSTRUCTION), tools,
-                         NULL, NULL) < 0)
-    {
-        goto error;
-    }
     if (unit->flags & UNIT(LINE_START)) {
         int previous_line = previous >= 0 && previous < Py_SIZE(code)
                             ? data->lines[previous] : -1;
@@ -986,7 +982,18 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
             if (err < 0) {
                 goto error;
             }
+            if (frame->prev_instr != instr) {
+                /* f_lineno was set: this instruction does not run now, so
+                   neither is it reported (as in 3.12). */
+                return 0;
+            }
         }
+    }
+    tools = unit_tools(data, site, EVENT(INSTRUCTION));
+    if (tools && deliver(tstate, code, site, EVENT(INSTRUCTION), tools,
+                         NULL, NULL) < 0)
+    {
+        goto error;
     }
     /* Callbacks may have changed what is here: an uninstrumented form
        runs generic this once, since a trace function may be active. */
@@ -1607,6 +1614,43 @@ monitoring_remove_marker_impl(PyObject *module, int tool_id, PyObject *code,
     return change_marker(tool_id, code, offset, 0);
 }
 
+/*[clinic input]
+monitoring._all_events
+
+The tools that have each event set for all code, by event name.
+
+A private helper of CPython 3.12's, which tools' tests call to check that
+they left nothing behind.
+[clinic start generated code]*/
+
+static PyObject *
+monitoring__all_events_impl(PyObject *module)
+/*[clinic end generated code: output=6b7581e2dbb690f6 input=a0245ca3c26e00dc]*/
+{
+    struct _Py_monitoring_state *state =
+        &_PyInterpreterState_GET()->monitoring;
+    PyObject *res = PyDict_New();
+    if (res == NULL) {
+        return NULL;
+    }
+    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+        uint8_t tools = state->global[event];
+        if (tools == 0) {
+            continue;
+        }
+        PyObject *mask = PyLong_FromLong(tools);
+        if (mask == NULL
+            || PyDict_SetItemString(res, event_names[event], mask) < 0)
+        {
+            Py_XDECREF(mask);
+            Py_DECREF(res);
+            return NULL;
+        }
+        Py_DECREF(mask);
+    }
+    return res;
+}
+
 /* sys.monitoring.Event: made on first use, since enum is costly to import
    at start-up. */
 static PyObject *
@@ -1665,6 +1709,7 @@ static PyMethodDef monitoring_methods[] = {
     MONITORING_RESTART_EVENTS_METHODDEF
     MONITORING_INSERT_MARKER_METHODDEF
     MONITORING_REMOVE_MARKER_METHODDEF
+    MONITORING__ALL_EVENTS_METHODDEF
     {"__getattr__", (PyCFunction)monitoring_getattr, METH_O, NULL},
     {NULL, NULL}
 };

@@ -256,10 +256,10 @@ extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
      ? (code)->_co_monitoring->units[(i)].base : _PyOpcode_Deopt[(op)])
 
 /* Before an instruction on INSTRUMENTED_INSTRUCTION: delivers MARKER,
-   INSTRUCTION and LINE there.  Returns the opcode to run now, or -1 when a
-   callback raised.  frame->prev_instr is the instruction run before, and
-   is left at `instr`, unless a LINE callback set f_lineno: then it is the
-   instruction to go on with. */
+   LINE and INSTRUCTION there, in 3.12's order.  Returns the opcode to run
+   now, or -1 when a callback raised.  frame->prev_instr is the instruction
+   run before, and is left at `instr`, unless a LINE callback set
+   f_lineno: then it is the instruction to go on with. */
 extern int _PyMonitoring_FireInstruction(PyThreadState *tstate,
                                          struct _PyInterpreterFrame *frame,
                                          _Py_CODEUNIT *instr);
