@@ -682,6 +682,23 @@ site_tools(PyCodeObject *code, int site, int event)
     return unit_tools(data, site, event);
 }
 
+/* The tools that want `event` at `site` as things are now. */
+static uint8_t
+tools_now(PyInterpreterState *interp, PyCodeObject *code, int site, int event)
+{
+    if (event == EVENT(C_RETURN) || event == EVENT(C_RAISE)) {
+        return site_tools(code, site, EVENT(CALL));
+    }
+    if (!IS_LOCAL(event)) {
+        return interp->monitoring.global[event];
+    }
+    uint8_t tools = site_tools(code, site, event);
+    if (event == EVENT(MARKER)) {
+        tools &= code->_co_monitoring->units[site].markers;
+    }
+    return tools;
+}
+
 /* 3.12's rule: no tool hears of anything while a monitoring callback, a
    trace function or a profile function runs in this thread.  Each of them
    runs between PyThreadState_EnterTracing() and LeaveTracing(), so a
@@ -715,10 +732,13 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
         if (!((tools >> tool) & 1)) {
             continue;
         }
-        /* Looked up anew each time: an earlier callback may have changed
-           or removed it. */
+        /* Looked up anew each time: an earlier callback, in this thread
+           or another, may have changed or removed it, turned the event
+           off for this tool, or disabled it here. */
         PyObject *callback = state->callbacks[tool][event];
-        if (callback == NULL) {
+        if (callback == NULL
+            || !((tools_now(tstate->interp, code, site, event) >> tool) & 1))
+        {
             continue;
         }
         Py_INCREF(callback);
@@ -953,6 +973,20 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     return err;
 }
 
+/* What PUSH_EXC_INFO does: save the thread's exception state under the
+   exception on the stack, which becomes the state. */
+static void
+push_exc_info(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    PyObject *exc = _PyFrame_StackPop(frame);
+    assert(PyExceptionInstance_Check(exc));
+    _PyErr_StackItem *exc_info = tstate->exc_info;
+    _PyFrame_StackPush(frame, exc_info->exc_value != NULL
+                              ? exc_info->exc_value : Py_NewRef(Py_None));
+    exc_info->exc_value = Py_NewRef(exc);
+    _PyFrame_StackPush(frame, exc);
+}
+
 int
 _PyMonitoring_FireInstruction(PyThreadState *tstate,
                               _PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
@@ -964,7 +998,7 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     _PyMonitoringUnit *unit = &data->units[site];
     /* Callbacks see the frame at this instruction. */
     frame->prev_instr = instr;
-    uint8_t tools = unit_tools(data, site, EVENT(MARKER)) & unit->markers;
+    uint8_t tools = tools_now(tstate->interp, code, site, EVENT(MARKER));
     if (tools && deliver(tstate, code, site, EVENT(MARKER), tools,
                          NULL, NULL) < 0)
     {
@@ -1003,6 +1037,12 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
 
 error:
     frame->prev_instr = instr;
+    if (unit_base(code, site) == PUSH_EXC_INFO) {
+        /* The exception goes to the handler's cleanup, which restores the
+           exception state PUSH_EXC_INFO saves: save it, as if it had run,
+           or the handled exception would stay the thread's for good. */
+        push_exc_info(tstate, frame);
+    }
     return -1;
 }
 
@@ -1211,8 +1251,8 @@ monitoring_use_tool_id_impl(PyObject *module, int tool_id, PyObject *name)
         return NULL;
     }
     if (!PyUnicode_Check(name)) {
-        PyErr_Format(PyExc_ValueError, "tool name must be a str, not %T",
-                     name);
+        PyErr_Format(PyExc_ValueError, "tool name must be a str, not %.200s",
+                     Py_TYPE(name)->tp_name);
         return NULL;
     }
     if (PySys_Audit("sys.monitoring.use_tool_id", "iO", tool_id, name) < 0) {
@@ -1338,7 +1378,8 @@ monitoring_register_callback_impl(PyObject *module, int tool_id, int event,
     }
     if (func != Py_None && !PyCallable_Check(func)) {
         PyErr_Format(PyExc_TypeError,
-                     "callback must be callable or None, not %T", func);
+                     "callback must be callable or None, not %.200s",
+                     Py_TYPE(func)->tp_name);
         return NULL;
     }
     if (PySys_Audit("sys.monitoring.register_callback", "O", func) < 0) {
@@ -1411,8 +1452,9 @@ static PyCodeObject *
 check_code(PyObject *code)
 {
     if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "code must be a code object, not %T",
-                     code);
+        PyErr_Format(PyExc_TypeError,
+                     "code must be a code object, not %.200s",
+                     Py_TYPE(code)->tp_name);
         return NULL;
     }
     return (PyCodeObject *)code;
