@@ -30,6 +30,7 @@ import argparse
 import difflib
 import fnmatch
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -64,6 +65,20 @@ AUTOCONF_GENERATED = ["configure", "pyconfig.h.in", "aclocal.m4"]
 
 FETCH_TIMEOUT = 20          # seconds without progress before giving up
 
+# Programs materialize runs, with their Debian packages: a bare Debian lacks
+# several, and they are easier to name up front than to guess from a failure.
+TOOLS = [
+    ("tar", "tar"),
+    ("gzip", "gzip"),                   # tar -z
+    ("patch", "patch"),
+    ("autoreconf", "autoconf"),
+    ("aclocal", "automake"),            # autoreconf runs it for CPython
+]
+XZ_TOOL = ("xz", "xz-utils")            # tar -J, for Debian's fixes
+MAKE_TOOL = ("make", "make")            # what ./configure prepares for
+# In the order CPython's configure (AC_PROG_CC) looks for them.
+COMPILERS = ["gcc", "cc", "clang"]
+
 
 class Error(Exception):
     pass
@@ -71,6 +86,36 @@ class Error(Exception):
 
 def log(msg):
     print("sgtree: " + msg, file=sys.stderr, flush=True)
+
+
+def c_compiler():
+    """The C compiler configure will use: $CC, else the first of COMPILERS
+    installed; None when it is not installed."""
+    cc = os.environ.get("CC", "").split()
+    if cc:
+        return " ".join(cc) if shutil.which(cc[0]) else None
+    return next((name for name in COMPILERS if shutil.which(name)), None)
+
+
+def require_tools(debian_fixes, build=False):
+    """Refuse to start, naming every missing program, rather than fail
+    midway with whatever the first missing one makes go wrong.
+
+    build: also the C compiler and make, which ./configure prepares for.
+    """
+    needed = TOOLS + ([XZ_TOOL] if debian_fixes else [])
+    if build:
+        needed.append(MAKE_TOOL)
+    missing = [tool if tool == package else f"{tool} (package {package})"
+               for tool, package in needed if not shutil.which(tool)]
+    if build and not c_compiler():
+        cc = os.environ.get("CC", "").split()
+        missing.append(f"the C compiler {cc[0]} (from CC)" if cc
+                       else "a C compiler (" + ", ".join(COMPILERS) + ")")
+    if missing:
+        raise Error("not installed: " + ", ".join(missing) + "\n"
+                    "Run Tools/sightglass/install-deps (as root, or via "
+                    "sudo) to install what the build needs, then try again.")
 
 
 # --- pins and inputs --------------------------------------------------------
@@ -125,20 +170,40 @@ def verify(path, expected, what):
             f"at {expected} (Tools/sightglass/upstream.pin)")
 
 
-def download(url, dest):
+def adopt(path, dest, expected, origin):
+    """Rename a fetched file to dest in the cache if its sha256 is pinned.
+
+    The rename is the last step, so the cache never holds a file under its
+    final name that was not verified whole.
+    """
+    actual = sha256_file(path)
+    if actual != expected:
+        log(f"refusing {os.path.basename(dest)} from {origin}: its sha256 is "
+            f"{actual}, but it is pinned at {expected}")
+        return False
+    os.replace(path, dest)
+    return True
+
+
+def download(url, dest, expected):
+    """Download url to dest if what arrives has the sha256 expected."""
     log(f"downloading {url}")
-    tmp = dest + ".part"
+    # A unique name beside dest: concurrent runs sharing the cache do not
+    # write into each other's file, and the rename stays on one filesystem.
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + ".",
+                               suffix=".part", dir=os.path.dirname(dest))
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r, \
-                open(tmp, "wb") as out:
+        with os.fdopen(fd, "wb") as out, \
+                urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r:
             shutil.copyfileobj(r, out)
-    except OSError as exc:
-        log(f"  unreachable: {exc}")
+        return adopt(tmp, dest, expected, url)
+    except (OSError, http.client.HTTPException) as exc:
+        # HTTPException: a connection cut midway raises IncompleteRead.
+        log(f"  failed: {exc}")
+        return False
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        return False
-    os.replace(tmp, dest)
-    return True
 
 
 def derived_deb_src(sources_root="/etc/apt"):
@@ -281,29 +346,32 @@ def fetch(tarball=None, debian_tarball=None, with_debian=True):
             continue
         cached = os.path.join(cache, name)
         if os.path.exists(cached):
-            try:
-                verify(cached, sha, name)
+            actual = sha256_file(cached)
+            if actual == sha:
                 found[key] = cached
                 continue
-            except Error as exc:
-                log(f"{exc}; removing it from the cache")
-                os.unlink(cached)
-        if key == "tarball" and download(pins["url"], cached):
-            verify(cached, sha, name)
+            # Not fatal, unlike a path the user gave: the cache is ours,
+            # and a download cut short by a crash looks like this.
+            log(f"the cached {cached} is corrupt or incomplete (sha256 "
+                f"{actual}, pinned {sha}): deleting it and fetching it again")
+            os.unlink(cached)
+        if key == "tarball" and download(pins["url"], cached, sha):
             found[key] = cached
 
     missing = [w for w in wanted if w[0] not in found]
     if missing:
-        with tempfile.TemporaryDirectory(prefix="sightglass-dl-") as dl:
+        # Inside the cache, so that adopting a file is a rename.
+        with tempfile.TemporaryDirectory(prefix="sightglass-dl-",
+                                         dir=cache) as dl:
             spec = pins["debian_package"] + "=" + pins["debian_version"]
             said = apt_source(spec, dl)
             for key, _, name, sha in missing:
                 got = os.path.join(
                     dl, pins["debian_orig"] if key == "tarball" else name)
-                if os.path.exists(got):
-                    verify(got, sha, name)
-                    shutil.move(got, os.path.join(cache, name))
-                    found[key] = os.path.join(cache, name)
+                cached = os.path.join(cache, name)
+                if os.path.exists(got) and adopt(got, cached, sha,
+                                                 "apt-get source"):
+                    found[key] = cached
             if any(w[0] not in found for w in missing):
                 log("apt-get said:\n" + said.strip())
     for key, _, name, _ in wanted:
@@ -607,6 +675,7 @@ def materialize(lay, pristine=False, force=False, tarball=None,
     Only entries whose content changes are rewritten, so an incremental
     build afterwards recompiles only what the change touches.
     """
+    require_tools(debian_fixes=not pristine)
     edits = unexported_edits(lay)
     if edits and not force:
         raise Error(
@@ -767,8 +836,9 @@ def configure_build_dir(lay, obj, args):
     """Run build/src's configure in the build directory obj."""
     os.makedirs(obj, exist_ok=True)
     env = dict(os.environ)
-    if "CC" not in env and shutil.which("ccache"):
-        env["CC"] = "ccache gcc"
+    cc = c_compiler()
+    if "CC" not in env and cc and shutil.which("ccache"):
+        env["CC"] = "ccache " + cc
     pristine = load_state(lay)["pristine"]
     cmd = [os.path.relpath(os.path.join(lay.src, "configure"), obj)]
     cmd += list(args) + [f"SIGHTGLASS_BASE={base_name(pristine)}"]
@@ -792,6 +862,7 @@ def configure(lay, argv):
               "  --without-debian-fixes        build pristine 3.11.2, "
               "WITHOUT security fixes\n", flush=True)
     pristine = opts.without_debian_fixes
+    require_tools(debian_fixes=not pristine, build=True)
     state = load_state(lay)
     if state is not None and state["pristine"] != pristine:
         # Switching bases: every file may change, so start the build over.
