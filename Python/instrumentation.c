@@ -466,6 +466,38 @@ read_varint(const unsigned char *p, int *value)
     return p + 1;
 }
 
+/* A walk over the entries of code's exception table: each gives the range
+   of code units [start, end) whose exceptions go to `handler`.  3.11's
+   entries do not overlap. */
+typedef struct {
+    const unsigned char *next;
+    const unsigned char *table_end;
+    int start, end, handler;
+} handler_walk;
+
+static void
+handlers_begin(PyCodeObject *code, handler_walk *walk)
+{
+    walk->next = (const unsigned char *)PyBytes_AS_STRING(
+        code->co_exceptiontable);
+    walk->table_end = walk->next + PyBytes_GET_SIZE(code->co_exceptiontable);
+}
+
+static int
+handlers_next(handler_walk *walk)
+{
+    if (walk->next >= walk->table_end) {
+        return 0;
+    }
+    int length, depth_lasti;
+    walk->next = read_varint(walk->next, &walk->start);
+    walk->next = read_varint(walk->next, &length);
+    walk->next = read_varint(walk->next, &walk->handler);
+    walk->next = read_varint(walk->next, &depth_lasti);
+    walk->end = walk->start + length;
+    return 1;
+}
+
 /* Whether the instruction after `base` may run next. */
 static int
 falls_through(int base)
@@ -537,16 +569,10 @@ compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
             mark_line_start(code, data, target);
         }
     }
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(
-        code->co_exceptiontable);
-    const unsigned char *end = p + PyBytes_GET_SIZE(code->co_exceptiontable);
-    while (p < end) {
-        int start, length, handler, depth_lasti;
-        p = read_varint(p, &start);
-        p = read_varint(p, &length);
-        p = read_varint(p, &handler);
-        p = read_varint(p, &depth_lasti);
-        mark_line_start(code, data, handler);
+    handler_walk walk;
+    handlers_begin(code, &walk);
+    while (handlers_next(&walk)) {
+        mark_line_start(code, data, walk.handler);
     }
     return 0;
 }
@@ -584,6 +610,115 @@ forget_void_marks(PyInterpreterState *interp, PyCodeObject *code,
         }
     }
 }
+
+#ifdef Py_DEBUG
+/* Whether `op` is a form a specializer would let run the instruction
+   after it without its dispatch (see keep_from_skipping()). */
+static int
+skips_next(int op)
+{
+    switch (op) {
+        case LOAD_FAST__LOAD_FAST:
+        case LOAD_FAST__LOAD_CONST:
+        case LOAD_CONST__LOAD_FAST:
+        case STORE_FAST__LOAD_FAST:
+        case STORE_FAST__STORE_FAST:
+        case COMPARE_OP_FLOAT_JUMP:
+        case COMPARE_OP_INT_JUMP:
+        case COMPARE_OP_STR_JUMP:
+        case BINARY_OP_INPLACE_ADD_UNICODE:
+            return 1;
+        default:
+            return _PyOpcode_Deopt[op] == PRECALL && op != PRECALL
+                   && op != PRECALL_ADAPTIVE
+                   && !_PyMonitoring_IsInstrumentedOpcode(op);
+    }
+}
+
+/* The debug build's checker, run after every change of instrumentation:
+   it derives anew, from the interpreter's tables of tools and events, what
+   code up to date must hold, and compares.  What the incremental paths
+   (DISABLE at one site, markers, a CALL dragging its PRECALL along) leave
+   must be what a rebuild from scratch would make. */
+static void
+check_instrumentation(PyCodeObject *code, PyInterpreterState *interp)
+{
+    _PyCoMonitoringData *data = code->_co_monitoring;
+    struct _Py_monitoring_state *state = &interp->monitoring;
+    if (data == NULL) {
+        return;
+    }
+    int up_to_date = code->_co_monitoring_version == state->version;
+    if (up_to_date) {
+        for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+            uint8_t expected = 0;
+            if (IS_LOCAL(event)) {
+                expected = state->global[event];
+                for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+                    if (data->local_epoch[tool] == state->tool_epoch[tool]
+                        && (data->local_events[tool] >> event) & 1)
+                    {
+                        expected |= 1 << tool;
+                    }
+                }
+            }
+            assert(data->active[event] == expected);
+        }
+    }
+    _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    int markers = 0;
+    int next_start = 0;
+    int previous = -1;
+    for (int i = 0; i < Py_SIZE(code); i++) {
+        _PyMonitoringUnit *unit = &data->units[i];
+        int op = _Py_OPCODE(instrs[i]);
+        if (i != next_start) {
+            /* An inline cache entry: nothing of monitoring's. */
+            assert(unit->flags == 0 && unit->markers == 0);
+            for (int slot = 0; slot < _PY_MONITORING_SLOTS; slot++) {
+                assert(unit->disabled[slot] == 0);
+            }
+            continue;
+        }
+        int base = unit_base(code, i);
+        next_start = i + 1 + _PyOpcode_Caches[base];
+        assert(unit->flags & UNIT(START));
+        assert(!(unit->flags & UNIT(HOOKABLE))
+               == (i <= code->_co_firsttraceable || base == RESUME));
+        assert(!(unit->flags & UNIT(LINE_START)) || data->lines != NULL);
+        assert(!(unit->flags & UNIT(LINE_START))
+               || (unit->flags & UNIT(HOOKABLE)));
+        assert((unit->markers & ~((1 << _PY_MONITORING_USER_TOOL_IDS) - 1))
+               == 0);
+        for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+            markers += (unit->markers >> tool) & 1;
+        }
+        if (!up_to_date) {
+            previous = i;
+            continue;
+        }
+        int form = instrumented_form(code, data, i, base);
+        if (needs_hook(data, i)) {
+            assert(op == INSTRUMENTED_INSTRUCTION);
+            assert(unit->below == (form ? form : base));
+        }
+        else if (form) {
+            assert(op == form);
+        }
+        else {
+            assert(!_PyMonitoring_IsInstrumentedOpcode(op));
+            assert(_PyOpcode_Deopt[op] == base);
+        }
+        if (_PyMonitoring_IsInstrumentedOpcode(op) && previous >= 0) {
+            assert(!skips_next(_Py_OPCODE(instrs[previous])));
+        }
+        previous = i;
+    }
+    assert(markers == data->markers);
+}
+#else
+#define check_instrumentation(code, interp) ((void)0)
+#endif
 
 /* Instrumented forms replace quickened ones: quicken first, so that
    warming up never overwrites them. */
@@ -633,6 +768,7 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
         i += _PyOpcode_Caches[unit_base(code, i)];
     }
     code->_co_monitoring_version = state->version;
+    check_instrumentation(code, interp);
     return 0;
 }
 
@@ -666,6 +802,7 @@ disable_site(PyCodeObject *code, int site, int event, int tool)
     assert(data != NULL);
     data->units[site].disabled[event_slot(event)] |= 1 << tool;
     update_instruction(code, data, site);
+    check_instrumentation(code, _PyInterpreterState_GET());
 }
 
 
@@ -1064,6 +1201,26 @@ deliver_jump(PyThreadState *tstate, PyCodeObject *code, int site, int event,
     return deliver(tstate, code, site, event, tools, dest, NULL);
 }
 
+/* JUMP, or BRANCH and then BRANCH_LEFT (the branch goes on) or
+   BRANCH_RIGHT, from `site` to `to`. */
+static int
+fire_jump(PyThreadState *tstate, PyCodeObject *code, int site, int to,
+          int event)
+{
+    PyObject *offset = PyLong_FromLong(to * (long)sizeof(_Py_CODEUNIT));
+    if (offset == NULL) {
+        return -1;
+    }
+    int err = deliver_jump(tstate, code, site,
+                           event == EVENT(JUMP) ? event : EVENT(BRANCH),
+                           offset);
+    if (err == 0 && event != EVENT(JUMP)) {
+        err = deliver_jump(tstate, code, site, event, offset);
+    }
+    Py_DECREF(offset);
+    return err;
+}
+
 int
 _PyMonitoring_FireJump(PyThreadState *tstate, _PyInterpreterFrame *frame,
                        _Py_CODEUNIT *instr, _Py_CODEUNIT *dest)
@@ -1071,25 +1228,63 @@ _PyMonitoring_FireJump(PyThreadState *tstate, _PyInterpreterFrame *frame,
     PyCodeObject *code = frame->f_code;
     int site = instr_index(frame, instr);
     int to = instr_index(frame, dest);
-    PyObject *offset = PyLong_FromLong(to * (long)sizeof(_Py_CODEUNIT));
-    if (offset == NULL) {
-        return -1;
+    int event = jump_event(unit_base(code, site));
+    if (event == EVENT(BRANCH)) {
+        event = to == site + 1 ? EVENT(BRANCH_LEFT) : EVENT(BRANCH_RIGHT);
     }
-    int err;
-    if (jump_event(unit_base(code, site)) == EVENT(JUMP)) {
-        err = deliver_jump(tstate, code, site, EVENT(JUMP), offset);
-    }
-    else {
-        err = deliver_jump(tstate, code, site, EVENT(BRANCH), offset);
-        if (err == 0) {
-            err = deliver_jump(tstate, code, site,
-                               to == site + 1 ? EVENT(BRANCH_LEFT)
-                                              : EVENT(BRANCH_RIGHT),
-                               offset);
+    return fire_jump(tstate, code, site, to, event);
+}
+
+/* An async for asks for its next item with GET_ANEXT and awaits it with a
+   SEND, in a range of code whose exception handler is the loop's
+   END_ASYNC_FOR.  As in 3.14, the loop's branch is told at that SEND: it
+   goes on (BRANCH_LEFT) where the SEND gets an item, and ends
+   (BRANCH_RIGHT, to after END_ASYNC_FOR) where StopAsyncIteration comes. */
+
+int
+_PyMonitoring_FireAsyncForNext(PyThreadState *tstate,
+                               _PyInterpreterFrame *frame,
+                               _Py_CODEUNIT *instr, int oparg)
+{
+    PyCodeObject *code = frame->f_code;
+    int site = instr_index(frame, instr);
+    handler_walk walk;
+    handlers_begin(code, &walk);
+    while (handlers_next(&walk)) {
+        if (walk.start <= site && site < walk.end) {
+            if (unit_base(code, walk.handler) != END_ASYNC_FOR) {
+                break;
+            }
+            return fire_jump(tstate, code, site, site + 1 + oparg,
+                             EVENT(BRANCH_LEFT));
         }
     }
-    Py_DECREF(offset);
-    return err;
+    /* Another await or yield from. */
+    return 0;
+}
+
+int
+_PyMonitoring_FireAsyncForEnd(PyThreadState *tstate,
+                              _PyInterpreterFrame *frame,
+                              _Py_CODEUNIT *instr)
+{
+    PyCodeObject *code = frame->f_code;
+    int handler = instr_index(frame, instr);
+    /* The SEND: the first in the range this END_ASYNC_FOR handles. */
+    handler_walk walk;
+    handlers_begin(code, &walk);
+    while (handlers_next(&walk)) {
+        if (walk.handler != handler) {
+            continue;
+        }
+        for (int i = walk.start; i < walk.end; i = next_instruction(code, i)) {
+            if (unit_base(code, i) == SEND) {
+                return fire_jump(tstate, code, i, handler + 1,
+                                 EVENT(BRANCH_RIGHT));
+            }
+        }
+    }
+    return 0;
 }
 
 int
@@ -1612,6 +1807,7 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
         quicken_now(co);
         update_instruction(co, data, site);
     }
+    check_instrumentation(co, interp);
     Py_RETURN_NONE;
 }
 

@@ -279,6 +279,28 @@ extern int _PyMonitoring_DecideJump(PyThreadState *tstate,
                                     struct _PyInterpreterFrame *frame,
                                     _Py_CODEUNIT *instr, int oparg,
                                     PyObject **cond);
+/* Whether a branch event may be wanted anywhere.  An async for's branch
+   is not instrumented: its SEND and END_ASYNC_FOR check this first. */
+#define _PY_MONITORING_BRANCH_EVENTS \
+    (1 << _PY_MONITORING_EVENT_BRANCH \
+     | 1 << _PY_MONITORING_EVENT_BRANCH_LEFT \
+     | 1 << _PY_MONITORING_EVENT_BRANCH_RIGHT)
+#define _PyMonitoring_BranchWanted(interp) \
+    (_PyMonitoring_EverUsed \
+     && (((interp)->monitoring.local_union & _PY_MONITORING_BRANCH_EVENTS) \
+         || (interp)->monitoring.global[_PY_MONITORING_EVENT_BRANCH] \
+         || (interp)->monitoring.global[_PY_MONITORING_EVENT_BRANCH_LEFT] \
+         || (interp)->monitoring.global[_PY_MONITORING_EVENT_BRANCH_RIGHT]))
+/* The SEND at `instr`, which jumps by `oparg` when it completes, got an
+   item: if it is an async for's, its loop goes on (BRANCH, BRANCH_LEFT). */
+extern int _PyMonitoring_FireAsyncForNext(PyThreadState *tstate,
+                                          struct _PyInterpreterFrame *frame,
+                                          _Py_CODEUNIT *instr, int oparg);
+/* The async for of the END_ASYNC_FOR at `instr` ends (BRANCH,
+   BRANCH_RIGHT, told at the loop's SEND). */
+extern int _PyMonitoring_FireAsyncForEnd(PyThreadState *tstate,
+                                         struct _PyInterpreterFrame *frame,
+                                         _Py_CODEUNIT *instr);
 /* Whether f_lineno may be set now: from a LINE callback for `frame`. */
 #define _PyMonitoring_InLineCallback(tstate, frame) \
     ((tstate)->monitoring_line_frame == (frame))

@@ -1927,6 +1927,201 @@ class TestJumpEvents(MonitoringTestBase, unittest.TestCase):
         self.assertEqual(f(1), 1 + sum(range(200)))
 
 
+def matcher(x):
+    match x:
+        case 1:
+            return "one"
+        case [a, b]:
+            return "pair"
+    return "none"
+
+
+def except_star(exc):
+    r = None
+    try:
+        raise ExceptionGroup("g", [exc])
+    except* KeyError:
+        r = "key"
+    except* ValueError:
+        r = "value"
+    return r
+
+
+def numbers(n):
+    yield from range(n)
+
+
+def sum_generator(n):
+    total = 0
+    for i in numbers(n):
+        total += i
+    return total
+
+
+class TestBranchPlaces(MonitoringTestBase, unittest.TestCase):
+    """Where 3.14 reports branches that 3.11's bytecode makes in its own
+    way: each direction from the line a coverage tool shows the branch on."""
+
+    def arcs(self, func, *inputs):
+        """{(name, source line, destination line)}, relative to func's
+        first line, over func run on each input."""
+        code = func.__code__
+        self.record(["BRANCH_LEFT", "BRANCH_RIGHT"], local_code=code)
+        try:
+            for arg in inputs:
+                func(arg)
+        finally:
+            M.set_local_events(TOOL, code, 0)
+        first = code.co_firstlineno
+        # Instructions of no line (the machinery of except*) are None.
+        lines = {i.offset: i.positions.lineno and i.positions.lineno - first
+                 for i in dis.get_instructions(code)}
+        return {(name, lines[source], lines[dest])
+                for name, _, source, dest in self.events}
+
+    def test_match(self):
+        arcs = self.arcs(matcher, 1, [1, 2], 3, [1])
+        # Each case's test goes on into its body or on to the next case.
+        self.assertEqual({(name, line) for name, line, _ in arcs},
+                         {("BRANCH_LEFT", 2), ("BRANCH_RIGHT", 2),
+                          ("BRANCH_LEFT", 4), ("BRANCH_RIGHT", 4)})
+        self.assertIn(("BRANCH_LEFT", 2, 2), arcs)
+        self.assertIn(("BRANCH_RIGHT", 2, 4), arcs)
+
+    def test_except_star(self):
+        arcs = self.arcs(except_star, KeyError(), ValueError())
+        from_clauses = {(name, line) for name, line, _ in arcs
+                        if line in (4, 6)}
+        self.assertEqual(from_clauses,
+                         {("BRANCH_LEFT", 4), ("BRANCH_RIGHT", 4),
+                          ("BRANCH_LEFT", 6), ("BRANCH_RIGHT", 6)})
+
+    def test_for_over_a_generator(self):
+        self.assertEqual(self.arcs(sum_generator, 2),
+                         {("BRANCH_LEFT", 2, 2), ("BRANCH_RIGHT", 2, 4)})
+
+
+class Letters:
+    """An asynchronous iterator over a string, or one that fails."""
+
+    def __init__(self, letters, fail=None):
+        self.letters = list(letters)
+        self.fail = fail
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await Await()
+        if self.letters:
+            return self.letters.pop(0)
+        raise self.fail or StopAsyncIteration
+
+
+async def async_loop(it):
+    seen = []
+    async for letter in it:
+        await Await()
+        seen.append(letter)
+    return seen
+
+
+async def async_comprehension(it):
+    return [letter async for letter in it]
+
+
+def run_coroutine(coro):
+    """coro's result, run without an event loop."""
+    while True:
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+
+class TestAsyncForBranches(MonitoringTestBase, unittest.TestCase):
+    """3.14 reports the branch of an async for (gh-128534): BRANCH_LEFT
+    where its await gets an item, BRANCH_RIGHT where StopAsyncIteration
+    ends it, both from the await's SEND.  Sightglass reports BRANCH too."""
+
+    def lines(self, code):
+        return {i.offset: i.positions.lineno
+                for i in dis.get_instructions(code)}
+
+    def run_recorded_on(self, code, func, *args, names=("BRANCH",
+                        "BRANCH_LEFT", "BRANCH_RIGHT"), result=None):
+        self.record(list(names), local_code=code, result=result)
+        try:
+            return run_coroutine(func(*args))
+        finally:
+            M.set_local_events(TOOL, code, 0)
+
+    def test_both_directions_from_the_send(self):
+        code = async_loop.__code__
+        self.assertEqual(self.run_recorded_on(code, async_loop,
+                                              Letters("ab")), ["a", "b"])
+        lines = self.lines(code)
+        send = next(i.offset for i in dis.get_instructions(code)
+                    if i.opname == "SEND")
+        first = code.co_firstlineno
+        got = [(name, source, lines[dest] - first)
+               for name, _, source, dest in self.events]
+        # The loop goes on to its target (on the async for line) twice,
+        # then ends on the line after the loop.
+        self.assertEqual(got, [("BRANCH", send, 2), ("BRANCH_LEFT", send, 2),
+                               ("BRANCH", send, 2), ("BRANCH_LEFT", send, 2),
+                               ("BRANCH", send, 5), ("BRANCH_RIGHT", send, 5)])
+        # The await in the body is no branch.
+        self.assertEqual(lines[send] - first, 2)
+
+    def test_comprehension(self):
+        code = async_comprehension.__code__.co_consts[1]
+        self.assertEqual(self.run_recorded_on(
+            code, async_comprehension, Letters("xyz"),
+            names=["BRANCH_LEFT", "BRANCH_RIGHT"]), ["x", "y", "z"])
+        self.assertEqual([e[0] for e in self.events],
+                         ["BRANCH_LEFT"] * 3 + ["BRANCH_RIGHT"])
+
+    def test_no_right_branch_when_the_iterator_fails(self):
+        code = async_loop.__code__
+        with self.assertRaises(KeyError):
+            self.run_recorded_on(code, async_loop, Letters("a", KeyError()))
+        self.assertEqual([e[0] for e in self.events],
+                         ["BRANCH", "BRANCH_LEFT"])
+
+    def test_disable_each_direction(self):
+        code = async_loop.__code__
+        self.run_recorded_on(code, async_loop, Letters("abc"),
+                             names=["BRANCH_LEFT", "BRANCH_RIGHT"],
+                             result=M.DISABLE)
+        self.assertEqual([e[0] for e in self.events],
+                         ["BRANCH_LEFT", "BRANCH_RIGHT"])
+        self.events = []
+        self.run_recorded_on(code, async_loop, Letters("abc"),
+                             names=["BRANCH_LEFT", "BRANCH_RIGHT"])
+        self.assertEqual(self.events, [])
+        M.restart_events()
+        self.run_recorded_on(code, async_loop, Letters("a"),
+                             names=["BRANCH_LEFT", "BRANCH_RIGHT"])
+        self.assertEqual([e[0] for e in self.events],
+                         ["BRANCH_LEFT", "BRANCH_RIGHT"])
+
+    def test_callback_exception_leaves_the_loop(self):
+        code = async_loop.__code__
+
+        def fail(*args):
+            raise ZeroDivisionError
+        for name in ("BRANCH_LEFT", "BRANCH_RIGHT"):
+            with self.subTest(event=name):
+                M.register_callback(TOOL, getattr(E, name), fail)
+                M.set_local_events(TOOL, code, getattr(E, name))
+                try:
+                    with self.assertRaises(ZeroDivisionError):
+                        run_coroutine(async_loop(Letters("ab")))
+                finally:
+                    M.clear_tool_id(TOOL)
+
+
 def marked(x):
     x += 1
     if x > 100:
