@@ -103,6 +103,44 @@ if hasattr(sys, "monitoring"):
     MODES["mon-line-disable"] = _monitor((_E.LINE,), _disable) + (
         "sys.monitoring LINE returning DISABLE (after the first pass)",)
 
+    # How coverage.py's sysmon core records lines: PY_START for all code
+    # sets LINE on each code object the first time it starts, and every
+    # callback returns DISABLE once it has recorded its place.  Started
+    # anew each round, as a test runner starts coverage per test.
+    _covered = set()
+    _started = set()
+
+    def _coverage_start(code, offset):
+        _started.add(code)
+        _mon.set_local_events(_TOOL, code, _E.LINE)
+        return _mon.DISABLE
+
+    def _coverage_line(code, line):
+        _covered.add((code, line))
+        return _mon.DISABLE
+
+    def _coverage():
+        _mon.use_tool_id(_TOOL, "bench")
+        _mon.register_callback(_TOOL, _E.PY_START, _coverage_start)
+        _mon.register_callback(_TOOL, _E.LINE, _coverage_line)
+        _mon.set_events(_TOOL, _E.PY_START)
+        _mon.restart_events()
+
+    def _uncoverage():
+        # 3.12's free_tool_id() keeps local events and callbacks: undone
+        # one by one, so that the rounds without the mode run clean there.
+        for code in _started:
+            _mon.set_local_events(_TOOL, code, 0)
+        _mon.set_events(_TOOL, 0)
+        _mon.register_callback(_TOOL, _E.PY_START, None)
+        _mon.register_callback(_TOOL, _E.LINE, None)
+        _mon.free_tool_id(_TOOL)
+        _started.clear()
+        _covered.clear()
+
+    MODES["mon-coverage"] = (_coverage, _uncoverage,
+                             "coverage.py's sysmon line mode")
+
 if hasattr(sys, "monitoring") and hasattr(sys.monitoring, "insert_marker"):
     # Sightglass: a debugger's breakpoints, on lines that never run.
     def _breakpoint_home():

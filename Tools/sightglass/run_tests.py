@@ -10,6 +10,11 @@
      runs the project's own tests hunting reference and block leaks
      (-R 3:3), then test_embed, whose test_no_memleak checks that a run
      ends with nothing left allocated.  Assertions are on in this build.
+  4. build/test-sanitizers: ./configure --with-address-sanitizer
+     --with-undefined-behavior-sanitizer --with-memory-tracking; runs the
+     project's own tests and the upstream modules that exercise tracing,
+     frames and generators (SANITIZED_SLICE).  Any report fails the test
+     that made it.
 
 Failures known to happen on stock 3.11.2 on our machines (KNOWN_FAILURES)
 are reported but not counted; every other failure fails the run.  The last
@@ -70,6 +75,23 @@ CORE_SLICE = """
     test_tarfile test_tempfile test_urllib test_urlparse test_venv
     test_webbrowser test_wsgiref test_zipfile test_py_compile
 """.split()
+
+
+# Upstream modules run under the sanitizers besides our own: those that
+# poke the eval loop the way debuggers, coverage tools and profilers do.
+SANITIZED_SLICE = """
+    test_sys_settrace test_sys_setprofile test_generators test_coroutines
+    test_asyncgen test_pdb test_bdb test_frame test_cprofile test_profile
+    test_trace test_exceptions test_gc
+""".split()
+
+# A sanitizer report aborts the process, so that the test that made it
+# fails.  Leaks are the debug build's business: the interpreter does not
+# free everything at exit by design.
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+    "UBSAN_OPTIONS": "halt_on_error=1:abort_on_error=1:print_stacktrace=1",
+}
 
 
 def own_tests(lay):
@@ -178,7 +200,7 @@ class Tally:
                 self.passed += 1
 
 
-def regrtest(python, label, tests, jobs, tally, workdir, where):
+def regrtest(python, label, tests, jobs, tally, workdir, where, env=None):
     """Run regrtest, in the directory `where` gives; failed modules are run
     once more on their own.
 
@@ -189,7 +211,7 @@ def regrtest(python, label, tests, jobs, tally, workdir, where):
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
            "--junit-xml", xml] + where + IGNORE + tests
     print(f"== {label}: {' '.join(cmd[1:])}", flush=True)
-    proc = run_streaming(cmd)
+    proc = run_streaming(cmd, env)
     out = proc.stdout
     failed_modules = parse_failed_modules(out)
     rerun = sorted(m for m in failed_modules
@@ -200,7 +222,7 @@ def regrtest(python, label, tests, jobs, tally, workdir, where):
         xml2 = os.path.join(workdir, f"{label}.rerun.xml")
         proc2 = run_streaming([python, "-m", "test", "--timeout", "1200",
                                "-v", "--junit-xml", xml2]
-                              + where + IGNORE + rerun)
+                              + where + IGNORE + rerun, env)
         still = parse_failed_modules(proc2.stdout)
         drop_modules(xml, rerun)
         tally.add_junit(xml, label)
@@ -245,12 +267,14 @@ def leak_hunt(python, tests, jobs, tally, where):
 IGNORE = [arg for name in KNOWN_HANGS for arg in ("--ignore", f"*.{name}.*")]
 
 
-def run_streaming(cmd):
-    """Run cmd, showing its output as it comes, and keep it."""
+def run_streaming(cmd, env=None):
+    """Run cmd, with env added to the environment, showing its output as it
+    comes, and keep it."""
     lines = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
-                          errors="replace") as proc:
+                          errors="replace",
+                          env=dict(os.environ, **(env or {}))) as proc:
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -335,6 +359,10 @@ def main():
     plain = build(lay, "test-plain", [], ns.jobs)
     debug = build(lay, "test-debug",
                   ["--with-pydebug", "--with-memory-tracking"], ns.jobs)
+    sanitized = build(lay, "test-sanitizers",
+                      ["--with-address-sanitizer",
+                       "--with-undefined-behavior-sanitizer",
+                       "--with-memory-tracking"], ns.jobs)
 
     tally = Tally()
     mine = own_tests(lay)
@@ -355,6 +383,12 @@ def main():
         leak_hunt(debug, mine, ns.jobs, tally, where)
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
+        # Not test_sightglass_build: it tests the Python tool that makes
+        # the tree, and takes ten minutes under the sanitizers.
+        regrtest(sanitized, "sanitizers",
+                 sorted(set(mine) - {"test_sightglass_build"}
+                        | set(SANITIZED_SLICE)),
+                 ns.jobs, tally, workdir, where, SANITIZER_ENV)
 
     print()
     for name, why in KNOWN_HANGS.items():
