@@ -1124,6 +1124,17 @@ push_exc_info(PyThreadState *tstate, _PyInterpreterFrame *frame)
     _PyFrame_StackPush(frame, exc);
 }
 
+/* What POP_EXCEPT does: the exception state saved on the stack becomes the
+   thread's again. */
+static void
+pop_exc_info(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    _PyErr_StackItem *exc_info = tstate->exc_info;
+    PyObject *handled = exc_info->exc_value;
+    exc_info->exc_value = _PyFrame_StackPop(frame);
+    Py_XDECREF(handled);
+}
+
 int
 _PyMonitoring_FireInstruction(PyThreadState *tstate,
                               _PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
@@ -1174,11 +1185,19 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
 
 error:
     frame->prev_instr = instr;
-    if (unit_base(code, site) == PUSH_EXC_INFO) {
-        /* The exception goes to the handler's cleanup, which restores the
-           exception state PUSH_EXC_INFO saves: save it, as if it had run,
-           or the handled exception would stay the thread's for good. */
-        push_exc_info(tstate, frame);
+    /* Where the exception goes depends on the exception state a handler
+       saved on the stack.  At a handler's PUSH_EXC_INFO it goes to the
+       handler's cleanup, which restores the state the instruction saves:
+       save it, as if it had run.  At the POP_EXCEPT that ends a handler
+       it goes past the saved state, which nothing would restore: restore
+       it.  Otherwise the handled exception stays the thread's for good. */
+    switch (unit_base(code, site)) {
+        case PUSH_EXC_INFO:
+            push_exc_info(tstate, frame);
+            break;
+        case POP_EXCEPT:
+            pop_exc_info(tstate, frame);
+            break;
     }
     return -1;
 }

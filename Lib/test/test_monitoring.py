@@ -2452,9 +2452,10 @@ class TestFuzzFindings(MonitoringTestBase, unittest.TestCase):
                 self.assertEqual(errors, ["incompatible stacks"])
                 self.assertEqual(result, 11)
 
-    def test_callback_raising_at_a_handlers_start(self):
-        # The handler's PUSH_EXC_INFO had not run: its cleanup made the
-        # handled exception the thread's for good.
+    def test_callback_raising_where_a_handler_starts_or_ends(self):
+        # At PUSH_EXC_INFO, which had not run, the handler's cleanup made
+        # the handled exception the thread's for good; at POP_EXCEPT
+        # nothing restored the state (3.11's settrace and 3.12 alike).
         def except_handler():
             try:
                 raise KeyError
@@ -2465,14 +2466,16 @@ class TestFuzzFindings(MonitoringTestBase, unittest.TestCase):
             with nothing():
                 raise KeyError
 
-        for func in (except_handler, with_handler):
+        for func, opname in ((except_handler, "PUSH_EXC_INFO"),
+                             (with_handler, "PUSH_EXC_INFO"),
+                             (except_handler, "POP_EXCEPT")):
             code = func.__code__
-            start = offset_of(code, "PUSH_EXC_INFO")
+            start = offset_of(code, opname)
             # PUSH_EXC_INFO has no line: LINE comes at the next instruction.
             line = next(i.positions.lineno for i in dis.get_instructions(code)
-                        if i.offset > start and i.positions.lineno)
+                        if i.offset >= start and i.positions.lineno)
             for name in ("MARKER", "LINE", "INSTRUCTION"):
-                with self.subTest(func=func.__name__, event=name):
+                with self.subTest(func=func.__name__, at=opname, event=name):
                     def fail(code_, arg):
                         if code_ is code and arg == (
                                 line if name == "LINE" else start):

@@ -731,16 +731,15 @@ class Child:
             line_at = {i.offset: line for start, end, line in code.co_lines()
                        for i in instructions if start <= i.offset < end}
             lines = set(line_at.values()) - {None}
-            # An exception raised before the POP_EXCEPT that ends a
-            # handler (or its cleanup's "COPY 3; POP_EXCEPT; RERAISE") runs
-            # leaves the handled exception in sys.exc_info(), in 3.11 with
-            # sys.settrace, and in 3.12 and 3.13 with monitoring too (3.12
-            # also at PUSH_EXC_INFO).  Callbacks do not raise there, so
-            # that exc_info_leak checks the rest.
+            # An exception raised at the COPY of a handler's cleanup
+            # ("COPY 3; POP_EXCEPT; RERAISE") leaves the handled exception
+            # in sys.exc_info(), as in 3.11 with sys.settrace and in 3.12
+            # and 3.13 (Sightglass restores it at PUSH_EXC_INFO and
+            # POP_EXCEPT).  Callbacks do not raise there, so that
+            # exc_info_leak checks the rest.
             no_raise = {i.offset for i, after in zip(instructions,
                                                      instructions[1:] + [None])
-                        if i.opname in ("PUSH_EXC_INFO", "POP_EXCEPT") or
-                        i.opname == "COPY" and after and
+                        if i.opname == "COPY" and after and
                         after.opname == "POP_EXCEPT"}
             return self.layouts.setdefault(code, Layout(
                 dict.fromkeys(i.offset for i in instructions), resume, lines,
