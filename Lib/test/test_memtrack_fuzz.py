@@ -281,6 +281,10 @@ class Child:
             # Threads adjust tags of their own: each tag's model stays
             # exact without a lock.
             name = f"fuzz.adj.{owner}.{tag}"
+            if DEBUG_BUILD:
+                # Taking a tag below zero is a caller's bug, which a debug
+                # build asserts on; a release build stops the tag at zero.
+                delta = max(delta, -self.adjusted.get(name, 0))
             self.adjust(name.encode(), delta)
             self.adjusted[name] = max(0, self.adjusted.get(name, 0) + delta)
         else:
