@@ -159,6 +159,15 @@ class Fuzzer:
         lines.append("as JSON (--replay): " + json.dumps(small))
         return "\n".join(lines)
 
+    def first_failure(self, seeds, nops):
+        """The report of the first of seeds that fails, or None: one is
+        enough, since shrinking it takes a while."""
+        for seed in seeds:
+            report = self.check_seed(seed, nops, budget=60)
+            if report:
+                return report
+        return None
+
     def main(self, argv, child, default_nops):
         parser = argparse.ArgumentParser(prog=f"python -m {self.module}")
         parser.add_argument("--seconds", type=float, default=60)
@@ -1144,11 +1153,9 @@ class MonitoringFuzzTest(unittest.TestCase):
         # A failure names the invariant: callback_nesting is 3.12's rule
         # that no event reaches a hook while a hook (a monitoring callback,
         # a trace or profile function) runs on the thread.
-        # The first failing seed is enough: shrinking it takes a while.
-        for seed in SEEDS:
-            report = FUZZER.check_seed(seed, NOPS, budget=60)
-            if report:
-                self.fail(report)
+        report = FUZZER.first_failure(SEEDS, NOPS)
+        if report:
+            self.fail(report)
 
 
 if __name__ == "__main__":
