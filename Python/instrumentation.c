@@ -4,6 +4,7 @@
    The design is described in Include/internal/pycore_monitoring.h. */
 
 #include "Python.h"
+#include "pycore_bitutils.h"      // _Py_popcount32()
 #include "pycore_code.h"          // _PyCode_Quicken()
 #include "pycore_frame.h"         // _PyInterpreterFrame
 #include "pycore_memtrack.h"      // _PyMem_OwnedCalloc()
@@ -15,6 +16,7 @@
 
 #define EVENT(name) _PY_MONITORING_EVENT_##name
 #define IS_LOCAL(event) ((_PY_MONITORING_LOCAL_EVENTS >> (event)) & 1)
+#define LOCAL(event) _PY_MONITORING_LOCAL_INDEX(event)
 #define ALL_EVENTS ((1 << _PY_MONITORING_EVENTS) - 1)
 #define C_CALL_EVENTS \
     (1 << EVENT(CALL) | 1 << EVENT(C_RETURN) | 1 << EVENT(C_RAISE))
@@ -75,30 +77,18 @@ _PyMonitoringSentinel _PyMonitoring_Missing = {
 
 /* Instrumentation of the bytecode */
 
-#define UNIT(flag) _PY_MONITORING_UNIT_##flag
-#define SLOT(name) _PY_MONITORING_SLOT_##name
+#define MARK(name) _PY_MONITORING_MARK_##name
 
-/* Where a DISABLE of `event` is kept. */
-static int
-event_slot(int event)
-{
-    switch (event) {
-        case EVENT(BRANCH):
-            return SLOT(BRANCH);
-        case EVENT(BRANCH_LEFT):
-            return SLOT(BRANCH_LEFT);
-        case EVENT(BRANCH_RIGHT):
-            return SLOT(BRANCH_RIGHT);
-        case EVENT(LINE):
-            return SLOT(LINE);
-        case EVENT(INSTRUCTION):
-            return SLOT(INSTRUCTION);
-        case EVENT(MARKER):
-            return SLOT(MARKER);
-        default:
-            return SLOT(SITE);
-    }
-}
+/* Where a DISABLE of each event is marked. */
+static const uint8_t event_mark[_PY_MONITORING_EVENTS] = {
+    [EVENT(BRANCH)] = MARK(BRANCH),
+    [EVENT(BRANCH_LEFT)] = MARK(BRANCH_LEFT),
+    [EVENT(BRANCH_RIGHT)] = MARK(BRANCH_RIGHT),
+    [EVENT(LINE)] = MARK(LINE),
+    [EVENT(INSTRUCTION)] = MARK(INSTRUCTION),
+    [EVENT(MARKER)] = MARK(MARKER),
+    /* The others: MARK(SITE), the event of the instruction itself. */
+};
 
 /* JUMP for an unconditional jump, BRANCH for a conditional one (whose
    BRANCH_LEFT goes on and BRANCH_RIGHT jumps), -1 for other instructions.
@@ -161,6 +151,15 @@ unit_base(PyCodeObject *code, int i)
     return _PyMonitoring_Deopt(code, i, _Py_OPCODE(_PyCode_CODE(code)[i]));
 }
 
+/* Whether the instruction at `i` may take INSTRUMENTED_INSTRUCTION: it
+   comes after the code's first RESUME and is no RESUME. */
+static int
+hookable(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+{
+    return i > code->_co_firsttraceable && data->base[i] != RESUME
+           && data->base[i] != CACHE;
+}
+
 /* The instruction after the one at `i`, EXTENDED_ARGs skipped. */
 static int
 next_instruction(PyCodeObject *code, int i)
@@ -178,7 +177,7 @@ previous_instruction(_PyCoMonitoringData *data, int i)
 {
     do {
         i--;
-    } while (i >= 0 && !(data->units[i].flags & UNIT(START)));
+    } while (i >= 0 && data->base[i] == CACHE);
     return i;
 }
 
@@ -194,13 +193,135 @@ precall_of_call(PyCodeObject *code, _PyCoMonitoringData *data, int call)
     return i >= 0 && unit_base(code, i) == PRECALL ? i : -1;
 }
 
+/* The tools with a mark of `kind` at unit `i`. */
+static inline uint8_t
+unit_marks(_PyCoMonitoringData *data, int kind, int i)
+{
+    if (data->marks == NULL || data->marks[kind] == NULL) {
+        return 0;
+    }
+    return data->marks[kind][i];
+}
+
+/* The marks of `kind` of the code of `data`, made if need be. */
+static uint8_t *
+marks_of(PyCodeObject *code, _PyCoMonitoringData *data, int kind)
+{
+    if (data->marks == NULL) {
+        data->marks = _PyMem_OwnedCalloc(&PyCode_Type, _PY_MONITORING_MARKS,
+                                         sizeof(uint8_t *));
+        if (data->marks == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    if (data->marks[kind] == NULL) {
+        data->marks[kind] = _PyMem_OwnedCalloc(&PyCode_Type, Py_SIZE(code), 1);
+        if (data->marks[kind] == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return data->marks[kind];
+}
+
 /* The tools to tell of `event` at unit `i`. */
 static uint8_t
 unit_tools(_PyCoMonitoringData *data, int i, int event)
 {
-    return data->active[event]
-           & ~data->units[i].disabled[event_slot(event)];
+    assert(IS_LOCAL(event));
+    uint8_t tools = data->active[LOCAL(event)];
+    return tools ? tools & ~unit_marks(data, event_mark[event], i) : 0;
 }
+
+/* The tools to tell of MARKER at unit `i`: those with a marker there. */
+static uint8_t
+marker_tools(_PyCoMonitoringData *data, int i)
+{
+    uint8_t tools = unit_tools(data, i, EVENT(MARKER));
+    return tools ? tools & unit_marks(data, MARK(MARKERS), i) : 0;
+}
+
+/* Lines.  One byte per code unit: LINE_START where LINE is instrumented,
+   and the unit's line as an offset from the least line of its block of
+   LINES_BLOCK units.  The blocks' lines are kept just before the bytes,
+   the first block's last, so that the bytes alone find them. */
+#define LINES_BLOCK 64
+#define LINE_START 0x80
+#define LINE_OFFSET 0x7f
+/* No line; also RESUME, after which a line is always new. */
+#define LINE_NONE 0x7e
+/* Too far from the block's line: found in the line table. */
+#define LINE_FAR 0x7f
+
+static int
+line_blocks(PyCodeObject *code)
+{
+    return (int)((Py_SIZE(code) + LINES_BLOCK - 1) / LINES_BLOCK);
+}
+
+static int *
+block_line(_PyCoMonitoringData *data, int block)
+{
+    return (int *)data->lines - 1 - block;
+}
+
+static int
+line_start(_PyCoMonitoringData *data, int i)
+{
+    return data->lines != NULL && (data->lines[i] & LINE_START);
+}
+
+/* The line of unit `i`, or -1; `lines` must have been made. */
+static int
+unit_line(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+{
+    int offset = data->lines[i] & LINE_OFFSET;
+    if (offset == LINE_NONE) {
+        return -1;
+    }
+    if (offset == LINE_FAR) {
+        return PyCode_Addr2Line(code, i * (int)sizeof(_Py_CODEUNIT));
+    }
+    return *block_line(data, i / LINES_BLOCK) + offset;
+}
+
+/* Whether units `i` and `j` are on different lines: within a block, the
+   offsets tell without the block's line. */
+static int
+lines_differ(PyCodeObject *code, _PyCoMonitoringData *data, int i, int j)
+{
+    int a = data->lines[i] & LINE_OFFSET;
+    int b = data->lines[j] & LINE_OFFSET;
+    int same_block = (unsigned int)(i ^ j) < LINES_BLOCK;
+    if (same_block && a != LINE_FAR && b != LINE_FAR) {
+        return a != b;
+    }
+    return unit_line(code, data, i) != unit_line(code, data, j);
+}
+
+/* The INSTRUMENTED_ form of each instruction with events of its own. */
+static const uint8_t event_form[256] = {
+    [RESUME] = INSTRUMENTED_RESUME,
+    [RETURN_VALUE] = INSTRUMENTED_RETURN_VALUE,
+    [YIELD_VALUE] = INSTRUMENTED_YIELD_VALUE,
+    [CALL_FUNCTION_EX] = INSTRUMENTED_CALL_FUNCTION_EX,
+    [CALL] = INSTRUMENTED_CALL,
+    [PRECALL] = INSTRUMENTED_PRECALL,
+    [JUMP_FORWARD] = INSTRUMENTED_JUMP,
+    [JUMP_BACKWARD] = INSTRUMENTED_JUMP,
+    [POP_JUMP_FORWARD_IF_FALSE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_FORWARD_IF_TRUE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_FORWARD_IF_NONE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_FORWARD_IF_NOT_NONE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_BACKWARD_IF_FALSE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_BACKWARD_IF_TRUE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_BACKWARD_IF_NONE] = INSTRUMENTED_JUMP,
+    [POP_JUMP_BACKWARD_IF_NOT_NONE] = INSTRUMENTED_JUMP,
+    [JUMP_IF_FALSE_OR_POP] = INSTRUMENTED_JUMP,
+    [JUMP_IF_TRUE_OR_POP] = INSTRUMENTED_JUMP,
+    [FOR_ITER] = INSTRUMENTED_JUMP,
+};
 
 /* The INSTRUMENTED_ form the instruction `base` at `i` needs for its own
    events, or 0. */
@@ -208,6 +329,10 @@ static int
 instrumented_form(PyCodeObject *code, _PyCoMonitoringData *data, int i,
                   int base)
 {
+    assert((event_form[base] == INSTRUMENTED_JUMP) == (jump_event(base) >= 0));
+    if (event_form[base] == 0) {
+        return 0;
+    }
     switch (base) {
         case RESUME: {
             int event = _Py_OPARG(_PyCode_CODE(code)[i]) == 0
@@ -249,16 +374,25 @@ instrumented_form(PyCodeObject *code, _PyCoMonitoringData *data, int i,
 
 /* Whether the instruction at `i` needs INSTRUMENTED_INSTRUCTION. */
 static int
-needs_hook(_PyCoMonitoringData *data, int i)
+needs_hook(PyCodeObject *code, _PyCoMonitoringData *data, int i)
 {
-    _PyMonitoringUnit *unit = &data->units[i];
-    if (!(unit->flags & UNIT(HOOKABLE))) {
+    if (!hookable(code, data, i)) {
         return 0;
     }
-    return (unit_tools(data, i, EVENT(MARKER)) & unit->markers)
+    return marker_tools(data, i)
            || unit_tools(data, i, EVENT(INSTRUCTION))
-           || ((unit->flags & UNIT(LINE_START))
-               && unit_tools(data, i, EVENT(LINE)));
+           || (line_start(data, i) && unit_tools(data, i, EVENT(LINE)));
+}
+
+/* The opcode under the INSTRUMENTED_INSTRUCTION at `i`, run after the
+   events before it: the INSTRUMENTED_ form for the instruction's own
+   events, or the base instruction (never an adaptive or specialized form:
+   those rewrite their own unit, which would erase the hook). */
+static int
+hooked_opcode(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+{
+    int form = instrumented_form(code, data, i, data->base[i]);
+    return form ? form : data->base[i];
 }
 
 /* An adaptive instruction taken back from its instrumented form starts to
@@ -351,17 +485,14 @@ static void
 update_instruction(PyCodeObject *code, _PyCoMonitoringData *data, int i)
 {
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
-    _PyMonitoringUnit *unit = &data->units[i];
     int op = _Py_OPCODE(instrs[i]);
-    int base = _PyMonitoring_Deopt(code, i, op);
+    int base = data->base[i];
+    assert(base == _PyMonitoring_Deopt(code, i, op));
     int form = instrumented_form(code, data, i, base);
-    if (needs_hook(data, i)) {
-        unit->base = base;
-        unit->below = form ? form : base;
+    if (needs_hook(code, data, i)) {
         _Py_SET_OPCODE(instrs[i], INSTRUMENTED_INSTRUCTION);
     }
     else if (form) {
-        unit->base = base;
         _Py_SET_OPCODE(instrs[i], form);
     }
     else if (_PyMonitoring_IsInstrumentedOpcode(op)) {
@@ -377,29 +508,43 @@ update_instruction(PyCodeObject *code, _PyCoMonitoringData *data, int i)
     }
 }
 
-/* The local events `tool` has in the code of `data`: none once the tool
-   has been freed or cleared since it set them. */
-static uint32_t
-local_events(PyInterpreterState *interp, _PyCoMonitoringData *data, int tool)
-{
-    if (data == NULL
-        || data->local_epoch[tool] != interp->monitoring.tool_epoch[tool])
-    {
-        return 0;
-    }
-    return data->local_events[tool];
-}
-
+/* The tools freed or cleared since the local events and marks of `data`
+   were last rid of those of such tools: what it holds of them is void. */
 static uint8_t
-local_tools(PyInterpreterState *interp, _PyCoMonitoringData *data, int event)
+void_tools(PyInterpreterState *interp, _PyCoMonitoringData *data)
 {
+    struct _Py_monitoring_state *state = &interp->monitoring;
     uint8_t tools = 0;
-    for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-        if ((local_events(interp, data, tool) >> event) & 1) {
-            tools |= 1 << tool;
+    if (data->clears != state->clears) {
+        for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
+            if (state->cleared_at[tool] > data->clears) {
+                tools |= 1 << tool;
+            }
         }
     }
     return tools;
+}
+
+/* The tools that set `event` locally in the code of `data`. */
+static uint8_t
+local_tools(PyInterpreterState *interp, _PyCoMonitoringData *data, int event)
+{
+    if (data == NULL || !IS_LOCAL(event)) {
+        return 0;
+    }
+    return data->local[LOCAL(event)] & ~void_tools(interp, data);
+}
+
+static uint32_t
+local_events(PyInterpreterState *interp, _PyCoMonitoringData *data, int tool)
+{
+    uint32_t events = 0;
+    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+        if ((local_tools(interp, data, event) >> tool) & 1) {
+            events |= 1u << event;
+        }
+    }
+    return events;
 }
 
 static _PyCoMonitoringData *
@@ -408,46 +553,63 @@ code_data(PyCodeObject *code)
     if (code->_co_monitoring != NULL) {
         return code->_co_monitoring;
     }
-    size_t size = offsetof(_PyCoMonitoringData, units)
-                  + (size_t)Py_SIZE(code) * sizeof(_PyMonitoringUnit);
+    size_t size = offsetof(_PyCoMonitoringData, base) + (size_t)Py_SIZE(code);
     _PyCoMonitoringData *data = _PyMem_OwnedCalloc(&PyCode_Type, 1, size);
     if (data == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
+    data->clears = _PyInterpreterState_GET()->monitoring.clears;
+    /* No instruction is instrumented yet: co_code shows the bases. */
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
     for (int i = 0; i < Py_SIZE(code); i++) {
         int base = _PyOpcode_Deopt[_Py_OPCODE(instrs[i])];
-        data->units[i].flags = UNIT(START);
-        if (i > code->_co_firsttraceable && base != RESUME) {
-            data->units[i].flags |= UNIT(HOOKABLE);
-        }
+        assert(base != CACHE && !_PyMonitoring_IsInstrumentedOpcode(base));
+        data->base[i] = (uint8_t)base;
         i += _PyOpcode_Caches[base];
     }
     code->_co_monitoring = data;
     return data;
 }
 
+static void
+free_marks(_PyCoMonitoringData *data, int kind)
+{
+    if (data->marks[kind] != NULL) {
+        _PyMem_OwnedFree(&PyCode_Type, data->marks[kind]);
+        data->marks[kind] = NULL;
+    }
+}
+
 void
 _PyMonitoring_FreeCodeData(PyCodeObject *code)
 {
-    if (code->_co_monitoring != NULL) {
-        if (code->_co_monitoring->lines != NULL) {
-            _PyMem_OwnedFree(&PyCode_Type, code->_co_monitoring->lines);
+    _PyCoMonitoringData *data = code->_co_monitoring;
+    if (data != NULL) {
+        if (data->lines != NULL) {
+            _PyMem_OwnedFree(&PyCode_Type,
+                             block_line(data, line_blocks(code) - 1));
         }
-        _PyMem_OwnedFree(&PyCode_Type, code->_co_monitoring);
+        if (data->marks != NULL) {
+            for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+                free_marks(data, kind);
+            }
+            _PyMem_OwnedFree(&PyCode_Type, data->marks);
+        }
+        _PyMem_OwnedFree(&PyCode_Type, data);
         code->_co_monitoring = NULL;
     }
     code->_co_monitoring_version = 0;
 }
 
 static void
-mark_line_start(PyCodeObject *code, _PyCoMonitoringData *data, int i)
+mark_line_start(PyCodeObject *code, _PyCoMonitoringData *data,
+                const int *line, int i)
 {
-    if (i >= 0 && i < Py_SIZE(code) && data->lines[i] >= 0
-        && (data->units[i].flags & UNIT(HOOKABLE)))
+    if (i >= 0 && i < Py_SIZE(code) && line[i] >= 0
+        && hookable(code, data, i))
     {
-        data->units[i].flags |= UNIT(LINE_START);
+        data->lines[i] |= LINE_START;
     }
 }
 
@@ -526,17 +688,39 @@ static int
 compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
 {
     int n = (int)Py_SIZE(code);
-    int *lines = _PyMem_OwnedCalloc(&PyCode_Type, n, sizeof(int));
-    if (lines == NULL) {
+    int blocks = line_blocks(code);
+    int *line = PyMem_Malloc(n * sizeof(int));
+    int *lines = _PyMem_OwnedMalloc(&PyCode_Type,
+                                    blocks * sizeof(int) + (size_t)n);
+    if (line == NULL || lines == NULL) {
+        PyMem_Free(line);
+        if (lines != NULL) {
+            _PyMem_OwnedFree(&PyCode_Type, lines);
+        }
         PyErr_NoMemory();
         return -1;
     }
-    data->lines = lines;
+    data->lines = (uint8_t *)(lines + blocks);
     PyCodeAddressRange range;
     _PyCode_InitAddressRange(code, &range);
     for (int i = 0; i < n; i++) {
-        lines[i] = _PyCode_CheckLineNumber(i * (int)sizeof(_Py_CODEUNIT),
-                                           &range);
+        line[i] = data->base[i] == RESUME ? -1
+            : _PyCode_CheckLineNumber(i * (int)sizeof(_Py_CODEUNIT), &range);
+    }
+    for (int block = 0; block < blocks; block++) {
+        int least = INT_MAX;
+        int end = Py_MIN(n, (block + 1) * LINES_BLOCK);
+        for (int i = block * LINES_BLOCK; i < end; i++) {
+            if (line[i] >= 0 && line[i] < least) {
+                least = line[i];
+            }
+        }
+        *block_line(data, block) = least;
+        for (int i = block * LINES_BLOCK; i < end; i++) {
+            data->lines[i] = line[i] < 0 ? LINE_NONE
+                             : line[i] - least < LINE_NONE
+                             ? (uint8_t)(line[i] - least) : LINE_FAR;
+        }
     }
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
     /* The instruction before, in code order, RESUMEs passed over: a
@@ -545,35 +729,31 @@ compute_lines(PyCodeObject *code, _PyCoMonitoringData *data)
     int previous_falls_through = 1;
     int extended = 0;
     for (int i = 0; i < n; i++) {
-        if (!(data->units[i].flags & UNIT(START))) {
+        int base = data->base[i];
+        if (base == CACHE) {
             continue;
         }
-        int base = unit_base(code, i);
         int oparg = extended | _Py_OPARG(instrs[i]);
         extended = base == EXTENDED_ARG ? oparg << 8 : 0;
-        if (base == RESUME) {
-            /* After RESUME a line is always new. */
-            lines[i] = -1;
+        if (!hookable(code, data, i)) {
             continue;
         }
-        if (!(data->units[i].flags & UNIT(HOOKABLE))) {
-            continue;
+        if (previous_falls_through && line[i] != previous_line) {
+            mark_line_start(code, data, line, i);
         }
-        if (previous_falls_through && lines[i] != previous_line) {
-            mark_line_start(code, data, i);
-        }
-        previous_line = lines[i];
+        previous_line = line[i];
         previous_falls_through = falls_through(base);
         int target = jump_target(base, i, oparg);
-        if (target >= 0 && target < n && lines[target] != lines[i]) {
-            mark_line_start(code, data, target);
+        if (target >= 0 && target < n && line[target] != line[i]) {
+            mark_line_start(code, data, line, target);
         }
     }
     handler_walk walk;
     handlers_begin(code, &walk);
     while (handlers_next(&walk)) {
-        mark_line_start(code, data, walk.handler);
+        mark_line_start(code, data, line, walk.handler);
     }
+    PyMem_Free(line);
     return 0;
 }
 
@@ -584,29 +764,37 @@ forget_void_marks(PyInterpreterState *interp, PyCodeObject *code,
                   _PyCoMonitoringData *data)
 {
     struct _Py_monitoring_state *state = &interp->monitoring;
-    uint8_t freed = 0;
-    for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-        if (data->disabled_epoch[tool] != state->tool_epoch[tool]) {
-            data->disabled_epoch[tool] = state->tool_epoch[tool];
-            freed |= 1 << tool;
-        }
+    uint8_t cleared = void_tools(interp, data);
+    data->clears = state->clears;
+    for (int i = 0; i < _PY_MONITORING_LOCAL_EVENT_COUNT; i++) {
+        data->local[i] &= ~cleared;
     }
-    uint8_t stale = freed;
-    if (code->_co_monitoring_version < state->restart_version) {
-        stale = 0xff;
-    }
-    if (stale == 0) {
+    if (data->marks == NULL) {
         return;
     }
-    data->markers = 0;
-    for (int i = 0; i < Py_SIZE(code); i++) {
-        _PyMonitoringUnit *unit = &data->units[i];
-        for (int slot = 0; slot < _PY_MONITORING_SLOTS; slot++) {
-            unit->disabled[slot] &= ~stale;
+    int restart = code->_co_monitoring_version < state->restart_version;
+    for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+        uint8_t *marks = data->marks[kind];
+        if (marks == NULL) {
+            continue;
         }
-        unit->markers &= ~freed;
-        for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-            data->markers += (unit->markers >> tool) & 1;
+        if (restart && kind != MARK(MARKERS)) {
+            free_marks(data, kind);
+            continue;
+        }
+        if (cleared == 0) {
+            continue;
+        }
+        int any = 0;
+        for (int i = 0; i < Py_SIZE(code); i++) {
+            if (kind == MARK(MARKERS)) {
+                data->markers -= _Py_popcount32(marks[i] & cleared);
+            }
+            marks[i] &= ~cleared;
+            any |= marks[i];
+        }
+        if (!any) {
+            free_marks(data, kind);
         }
     }
 }
@@ -650,57 +838,57 @@ check_instrumentation(PyCodeObject *code, PyInterpreterState *interp)
     }
     int up_to_date = code->_co_monitoring_version == state->version;
     if (up_to_date) {
+        assert(data->clears == state->clears);
+        int local_events = 0;
         for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
-            uint8_t expected = 0;
             if (IS_LOCAL(event)) {
-                expected = state->global[event];
-                for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-                    if (data->local_epoch[tool] == state->tool_epoch[tool]
-                        && (data->local_events[tool] >> event) & 1)
-                    {
-                        expected |= 1 << tool;
-                    }
-                }
+                assert(LOCAL(event) == local_events++);
+                assert(data->active[LOCAL(event)]
+                       == (state->global[event] | data->local[LOCAL(event)]));
             }
-            assert(data->active[event] == expected);
         }
+        assert(local_events == _PY_MONITORING_LOCAL_EVENT_COUNT);
+        assert(data->lines != NULL || data->active[LOCAL(EVENT(LINE))] == 0);
     }
     _Py_CODEUNIT *instrs = _PyCode_CODE(code);
+    PyCodeAddressRange range;
+    _PyCode_InitAddressRange(code, &range);
     int markers = 0;
     int next_start = 0;
     int previous = -1;
     for (int i = 0; i < Py_SIZE(code); i++) {
-        _PyMonitoringUnit *unit = &data->units[i];
         int op = _Py_OPCODE(instrs[i]);
+        int base = data->base[i];
+        int line = _PyCode_CheckLineNumber(i * (int)sizeof(_Py_CODEUNIT),
+                                           &range);
         if (i != next_start) {
             /* An inline cache entry: nothing of monitoring's. */
-            assert(unit->flags == 0 && unit->markers == 0);
-            for (int slot = 0; slot < _PY_MONITORING_SLOTS; slot++) {
-                assert(unit->disabled[slot] == 0);
+            assert(base == CACHE);
+            assert(data->lines == NULL
+                   || !(data->lines[i] & LINE_START));
+            for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+                assert(unit_marks(data, kind, i) == 0);
             }
             continue;
         }
-        int base = unit_base(code, i);
         next_start = i + 1 + _PyOpcode_Caches[base];
-        assert(unit->flags & UNIT(START));
-        assert(!(unit->flags & UNIT(HOOKABLE))
-               == (i <= code->_co_firsttraceable || base == RESUME));
-        assert(!(unit->flags & UNIT(LINE_START)) || data->lines != NULL);
-        assert(!(unit->flags & UNIT(LINE_START))
-               || (unit->flags & UNIT(HOOKABLE)));
-        assert((unit->markers & ~((1 << _PY_MONITORING_USER_TOOL_IDS) - 1))
+        assert(base != CACHE && base == _PyOpcode_Deopt[base]);
+        assert(base == unit_base(code, i));
+        assert(!line_start(data, i) || hookable(code, data, i));
+        assert(data->lines == NULL
+               || unit_line(code, data, i) == (base == RESUME ? -1 : line));
+        uint8_t unit_markers = unit_marks(data, MARK(MARKERS), i);
+        assert(!unit_markers || hookable(code, data, i));
+        assert((unit_markers & ~((1 << _PY_MONITORING_USER_TOOL_IDS) - 1))
                == 0);
-        for (int tool = 0; tool < _PY_MONITORING_TOOL_IDS; tool++) {
-            markers += (unit->markers >> tool) & 1;
-        }
+        markers += _Py_popcount32(unit_markers);
         if (!up_to_date) {
             previous = i;
             continue;
         }
         int form = instrumented_form(code, data, i, base);
-        if (needs_hook(data, i)) {
+        if (needs_hook(code, data, i)) {
             assert(op == INSTRUMENTED_INSTRUCTION);
-            assert(unit->below == (form ? form : base));
         }
         else if (form) {
             assert(op == form);
@@ -715,6 +903,17 @@ check_instrumentation(PyCodeObject *code, PyInterpreterState *interp)
         previous = i;
     }
     assert(markers == data->markers);
+    if (data->marks != NULL) {
+        /* No array of marks is kept empty once void ones are forgotten. */
+        for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+            int any = 0;
+            for (int i = 0; data->marks[kind] && i < Py_SIZE(code); i++) {
+                any |= data->marks[kind][i];
+            }
+            assert(any || data->marks[kind] == NULL || !up_to_date
+                   || kind == MARK(MARKERS));
+        }
+    }
 }
 #else
 #define check_instrumentation(code, interp) ((void)0)
@@ -738,14 +937,9 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
     if (code->_co_monitoring_version == state->version) {
         return 0;
     }
-    uint8_t active[_PY_MONITORING_EVENTS] = {0};
     int any = 0;
     for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
-        if (IS_LOCAL(event)) {
-            active[event] = state->global[event]
-                            | local_tools(interp, code->_co_monitoring, event);
-            any |= active[event];
-        }
+        any |= IS_LOCAL(event) && state->global[event];
     }
     if (!any && code->_co_monitoring == NULL) {
         code->_co_monitoring_version = state->version;
@@ -755,17 +949,24 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
     if (data == NULL) {
         return -1;
     }
-    if (active[EVENT(LINE)] && data->lines == NULL
+    forget_void_marks(interp, code, data);
+    uint8_t active[_PY_MONITORING_LOCAL_EVENT_COUNT];
+    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+        if (IS_LOCAL(event)) {
+            active[LOCAL(event)] = state->global[event]
+                                   | data->local[LOCAL(event)];
+        }
+    }
+    if (active[LOCAL(EVENT(LINE))] && data->lines == NULL
         && compute_lines(code, data) < 0)
     {
         return -1;
     }
     quicken_now(code);
-    forget_void_marks(interp, code, data);
     memcpy(data->active, active, sizeof(active));
     for (int i = 0; i < Py_SIZE(code); i++) {
         update_instruction(code, data, i);
-        i += _PyOpcode_Caches[unit_base(code, i)];
+        i += _PyOpcode_Caches[data->base[i]];
     }
     code->_co_monitoring_version = state->version;
     check_instrumentation(code, interp);
@@ -795,14 +996,19 @@ instrument_executing_code(PyInterpreterState *interp)
     return 0;
 }
 
-static void
+static int
 disable_site(PyCodeObject *code, int site, int event, int tool)
 {
     _PyCoMonitoringData *data = code->_co_monitoring;
-    assert(data != NULL);
-    data->units[site].disabled[event_slot(event)] |= 1 << tool;
+    assert(data != NULL && IS_LOCAL(event));
+    uint8_t *marks = marks_of(code, data, event_mark[event]);
+    if (marks == NULL) {
+        return -1;
+    }
+    marks[site] |= 1 << tool;
     update_instruction(code, data, site);
     check_instrumentation(code, _PyInterpreterState_GET());
+    return 0;
 }
 
 
@@ -829,11 +1035,10 @@ tools_now(PyInterpreterState *interp, PyCodeObject *code, int site, int event)
     if (!IS_LOCAL(event)) {
         return interp->monitoring.global[event];
     }
-    uint8_t tools = site_tools(code, site, event);
     if (event == EVENT(MARKER)) {
-        tools &= code->_co_monitoring->units[site].markers;
+        return marker_tools(code->_co_monitoring, site);
     }
-    return tools;
+    return site_tools(code, site, event);
 }
 
 /* 3.12's rule: no tool hears of anything while a monitoring callback, a
@@ -846,7 +1051,8 @@ tools_now(PyInterpreterState *interp, PyCodeObject *code, int site, int event)
 
 /* Calls the `event` callbacks of `tools`, highest tool id first (as 3.12
    does), with the code, the offset of `site` and the event's own
-   arguments. */
+   arguments.  `tools` must be what tools_now() says: no code may have run
+   since. */
 static int
 deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
         uint8_t tools, PyObject *arg1, PyObject *arg2)
@@ -856,7 +1062,7 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
     }
     /* LINE is told the line, every other event the offset. */
     PyObject *offset = PyLong_FromLong(
-        event == EVENT(LINE) ? code->_co_monitoring->lines[site]
+        event == EVENT(LINE) ? unit_line(code, code->_co_monitoring, site)
         : site < 0 ? 0 : site * (long)sizeof(_Py_CODEUNIT));
     if (offset == NULL) {
         return -1;
@@ -865,24 +1071,31 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
     size_t nargs = 2 + (arg1 != NULL) + (arg2 != NULL);
     struct _Py_monitoring_state *state = &tstate->interp->monitoring;
     int err = 0;
-    for (int tool = _PY_MONITORING_TOOL_IDS - 1; tool >= 0; tool--) {
-        if (!((tools >> tool) & 1)) {
-            continue;
-        }
+    int called = 0;
+    for (unsigned int rest = tools; rest != 0; ) {
+        int tool = _Py_bit_length(rest) - 1;
+        rest &= ~(1u << tool);
         /* Looked up anew each time: an earlier callback, in this thread
            or another, may have changed or removed it, turned the event
            off for this tool, or disabled it here. */
         PyObject *callback = state->callbacks[tool][event];
         if (callback == NULL
-            || !((tools_now(tstate->interp, code, site, event) >> tool) & 1))
+            || (called
+                && !((tools_now(tstate->interp, code, site, event) >> tool)
+                     & 1)))
         {
             continue;
         }
+        called = 1;
         Py_INCREF(callback);
-        PyThreadState_EnterTracing(tstate);
+        /* PyThreadState_EnterTracing() and LeaveTracing(), inlined: this
+           is the path of every event. */
+        tstate->tracing++;
+        tstate->cframe->use_tracing = 0;
         PyObject *res = PyObject_Vectorcall(
             callback, args + 1, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        PyThreadState_LeaveTracing(tstate);
+        tstate->tracing--;
+        _PyThreadState_UpdateTracingState(tstate);
         Py_DECREF(callback);
         if (res == NULL) {
             err = -1;
@@ -900,7 +1113,11 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
                 err = -1;
                 break;
             }
-            disable_site(code, site, event, tool);
+            if (disable_site(code, site, event, tool) < 0) {
+                Py_DECREF(res);
+                err = -1;
+                break;
+            }
         }
         Py_DECREF(res);
     }
@@ -976,6 +1193,8 @@ deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
     }
     Py_XDECREF(ntype);
     Py_XDECREF(ntb);
+    /* Making the exception may have run code. */
+    tools &= tools_now(tstate->interp, code, site, event);
     int err = exc == NULL ? 0 : deliver(tstate, code, site, event, tools,
                                         arg1 != NULL ? arg1 : exc, arg2);
     Py_XDECREF(exc);
@@ -1104,6 +1323,8 @@ _PyMonitoring_FireStopIteration(PyThreadState *tstate,
     if (exc == NULL) {
         return -1;
     }
+    /* Making the exception may have run code (the gc). */
+    tools = site_tools(code, site, EVENT(STOP_ITERATION));
     int err = deliver(tstate, code, site, EVENT(STOP_ITERATION), tools, exc,
                       NULL);
     Py_DECREF(exc);
@@ -1143,19 +1364,19 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     _PyCoMonitoringData *data = code->_co_monitoring;
     int site = instr_index(frame, instr);
     int previous = instr_index(frame, frame->prev_instr);
-    _PyMonitoringUnit *unit = &data->units[site];
     /* Callbacks see the frame at this instruction. */
     frame->prev_instr = instr;
-    uint8_t tools = tools_now(tstate->interp, code, site, EVENT(MARKER));
+    uint8_t tools = marker_tools(data, site);
     if (tools && deliver(tstate, code, site, EVENT(MARKER), tools,
                          NULL, NULL) < 0)
     {
         goto error;
     }
-    if (unit->flags & UNIT(LINE_START)) {
-        int previous_line = previous >= 0 && previous < Py_SIZE(code)
-                            ? data->lines[previous] : -1;
-        if (data->lines[site] != previous_line) {
+    if (line_start(data, site)) {
+        if (previous < 0 || previous >= Py_SIZE(code)
+            ? unit_line(code, data, site) != -1
+            : lines_differ(code, data, site, previous))
+        {
             _PyInterpreterFrame *outer = tstate->monitoring_line_frame;
             tstate->monitoring_line_frame = frame;
             int err = deliver(tstate, code, site, EVENT(LINE),
@@ -1180,7 +1401,7 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     /* Callbacks may have changed what is here: an uninstrumented form
        runs generic this once, since a trace function may be active. */
     int op = _Py_OPCODE(*instr);
-    return op == INSTRUMENTED_INSTRUCTION ? unit->below
+    return op == INSTRUMENTED_INSTRUCTION ? hooked_opcode(code, data, site)
                                           : _PyMonitoring_TracingOpcode(op);
 
 error:
@@ -1191,7 +1412,7 @@ error:
        save it, as if it had run.  At the POP_EXCEPT that ends a handler
        it goes past the saved state, which nothing would restore: restore
        it.  Otherwise the handled exception stays the thread's for good. */
-    switch (unit_base(code, site)) {
+    switch (data->base[site]) {
         case PUSH_EXC_INFO:
             push_exc_info(tstate, frame);
             break;
@@ -1205,7 +1426,7 @@ error:
 int
 _PyMonitoring_JumpOpcode(_PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
 {
-    return frame->f_code->_co_monitoring->units[instr_index(frame, instr)].base;
+    return frame->f_code->_co_monitoring->base[instr_index(frame, instr)];
 }
 
 static int
@@ -1442,7 +1663,7 @@ clear_tool(PyInterpreterState *interp, int tool_id)
         Py_CLEAR(state->callbacks[tool_id][event]);
         state->global[event] &= ~(1 << tool_id);
     }
-    state->tool_epoch[tool_id]++;
+    state->cleared_at[tool_id] = ++state->clears;
     return instrument_executing_code(interp);
 }
 
@@ -1736,9 +1957,16 @@ monitoring_set_local_events_impl(PyObject *module, int tool_id,
     if (data == NULL) {
         return NULL;
     }
+    forget_void_marks(interp, co, data);
     uint32_t old = local_events(interp, data, tool_id);
-    data->local_events[tool_id] = (uint32_t)event_set;
-    data->local_epoch[tool_id] = interp->monitoring.tool_epoch[tool_id];
+    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+        if ((event_set >> event) & 1) {
+            data->local[LOCAL(event)] |= 1 << tool_id;
+        }
+        else if (IS_LOCAL(event)) {
+            data->local[LOCAL(event)] &= ~(1 << tool_id);
+        }
+    }
     interp->monitoring.local_union |= (uint32_t)event_set;
     if (old != (uint32_t)event_set
         && instrument_executing_code(interp) < 0)
@@ -1784,14 +2012,13 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
     forget_void_marks(interp, co, data);
     int site = offset / (int)sizeof(_Py_CODEUNIT);
     if (offset < 0 || offset % sizeof(_Py_CODEUNIT) != 0
-        || site >= Py_SIZE(co)
-        || !(data->units[site].flags & UNIT(START)))
+        || site >= Py_SIZE(co) || data->base[site] == CACHE)
     {
         PyErr_Format(PyExc_ValueError,
                      "offset %d is not the start of an instruction", offset);
         return NULL;
     }
-    if (!(data->units[site].flags & UNIT(HOOKABLE))) {
+    if (!hookable(co, data, site)) {
         PyErr_Format(PyExc_ValueError,
                      "a marker cannot be at offset %d: it must come after "
                      "the code's first RESUME, and not on a RESUME",
@@ -1804,8 +2031,7 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
     {
         return NULL;
     }
-    _PyMonitoringUnit *unit = &data->units[site];
-    int present = (unit->markers >> tool_id) & 1;
+    int present = (unit_marks(data, MARK(MARKERS), site) >> tool_id) & 1;
     if (insert == present) {
         if (insert) {
             Py_RETURN_NONE;
@@ -1820,7 +2046,11 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
                      _PY_MONITORING_MAX_MARKERS);
         return NULL;
     }
-    unit->markers ^= 1 << tool_id;
+    uint8_t *markers = marks_of(co, data, MARK(MARKERS));
+    if (markers == NULL) {
+        return NULL;
+    }
+    markers[site] ^= 1 << tool_id;
     data->markers += insert ? 1 : -1;
     if (co->_co_monitoring_version == interp->monitoring.version) {
         quicken_now(co);

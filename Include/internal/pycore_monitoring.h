@@ -52,6 +52,14 @@ extern "C" {
      | 1 << _PY_MONITORING_EVENT_BRANCH_RIGHT \
      | 1 << _PY_MONITORING_EVENT_MARKER)
 
+/* Local events numbered without the gap between STOP_ITERATION and
+   BRANCH_LEFT: the index of per-code tables. */
+#define _PY_MONITORING_LOCAL_EVENT_COUNT 13
+#define _PY_MONITORING_LOCAL_INDEX(event) \
+    ((event) <= _PY_MONITORING_EVENT_STOP_ITERATION \
+     ? (event) : (event) - (_PY_MONITORING_EVENT_BRANCH_LEFT \
+                            - _PY_MONITORING_EVENT_STOP_ITERATION - 1))
+
 /* Tools 0-5 belong to users; the ids above are reserved, as upstream
    reserves them for sys.setprofile and sys.settrace. */
 #define _PY_MONITORING_TOOL_IDS 8
@@ -65,9 +73,12 @@ struct _Py_monitoring_state {
     uint32_t restart_version;
     /* Per event, the tools that have it set for all code. */
     uint8_t global[_PY_MONITORING_EVENTS];
-    /* Bumped when a tool is freed or cleared: the local events and DISABLE
-       marks it had are void from then on. */
-    uint32_t tool_epoch[_PY_MONITORING_TOOL_IDS];
+    /* Counts the times a tool was freed or cleared; per tool, the count
+       just after its last time.  Code data last brought up to date at an
+       earlier count holds local events, DISABLE marks and markers of that
+       tool that are void. */
+    uint32_t clears;
+    uint32_t cleared_at[_PY_MONITORING_TOOL_IDS];
     /* Every event some code has had set locally: where an event is not
        instrumented, its path checks for this before it looks closer. */
     uint32_t local_union;
@@ -75,65 +86,49 @@ struct _Py_monitoring_state {
     PyObject *callbacks[_PY_MONITORING_TOOL_IDS][_PY_MONITORING_EVENTS];
 };
 
-/* Where an instruction can be told about, one DISABLE mark each: the
-   event of the instruction itself (PY_START, CALL, JUMP, ...), the three
-   branch events, and the events of any instruction. */
+/* What monitoring marks per code unit, each a set of tools: per place an
+   instruction can be told about, the tools that returned DISABLE there
+   (the event of the instruction itself, such as PY_START, CALL or JUMP;
+   the three branch events; the events of any instruction), and the tools
+   with a marker there. */
 enum {
-    _PY_MONITORING_SLOT_SITE,
-    _PY_MONITORING_SLOT_BRANCH,
-    _PY_MONITORING_SLOT_BRANCH_LEFT,
-    _PY_MONITORING_SLOT_BRANCH_RIGHT,
-    _PY_MONITORING_SLOT_LINE,
-    _PY_MONITORING_SLOT_INSTRUCTION,
-    _PY_MONITORING_SLOT_MARKER,
-    _PY_MONITORING_SLOTS
+    _PY_MONITORING_MARK_SITE,
+    _PY_MONITORING_MARK_BRANCH,
+    _PY_MONITORING_MARK_BRANCH_LEFT,
+    _PY_MONITORING_MARK_BRANCH_RIGHT,
+    _PY_MONITORING_MARK_LINE,
+    _PY_MONITORING_MARK_INSTRUCTION,
+    _PY_MONITORING_MARK_MARKER,
+    _PY_MONITORING_MARK_MARKERS,
+    _PY_MONITORING_MARKS
 };
 
-/* What monitoring knows of one code unit. */
-typedef struct {
-    /* For a unit rewritten to INSTRUMENTED_INSTRUCTION or INSTRUMENTED_JUMP:
-       its base instruction, and what INSTRUMENTED_INSTRUCTION runs after
-       its events (the generic form of the base instruction, or its
-       INSTRUMENTED_ form).  Never an adaptive or specialized form: those
-       rewrite their own unit, which would erase the instrumentation. */
-    uint8_t base;
-    uint8_t below;
-    /* _PY_MONITORING_UNIT_* flags. */
-    uint8_t flags;
-    /* The tools with a marker here. */
-    uint8_t markers;
-    /* Per slot, the tools that returned DISABLE here; an event is told here
-       while some tool has it active and has not. */
-    uint8_t disabled[_PY_MONITORING_SLOTS];
-} _PyMonitoringUnit;
-
-/* The unit starts an instruction (not an inline cache entry). */
-#define _PY_MONITORING_UNIT_START 1
-/* The instruction may take INSTRUMENTED_INSTRUCTION: it comes after the
-   code's first RESUME and is no RESUME. */
-#define _PY_MONITORING_UNIT_HOOKABLE 2
-/* LINE is instrumented here: an instruction of another line may run just
-   before (the code's start, a predecessor that falls through, a jump, an
-   exception handler).  Set only once `lines` is made. */
-#define _PY_MONITORING_UNIT_LINE_START 4
-
 /* What a code object knows of monitoring; allocated the first time it has
-   local events or an instrumented instruction. */
+   local events or an instrumented instruction.  A coverage tool monitors
+   all code, so what is per code unit is kept small: a byte, one more
+   while LINE is active, and one per kind of mark made when first needed
+   (3.12 keeps two with LINE, and two more per unit for several tools). */
 typedef struct _PyCoMonitoringData {
-    /* Local events per tool, valid while local_epoch matches the tool's. */
-    uint32_t local_events[_PY_MONITORING_TOOL_IDS];
-    uint32_t local_epoch[_PY_MONITORING_TOOL_IDS];
-    /* The tool epochs the DISABLE marks and markers belong to. */
-    uint32_t disabled_epoch[_PY_MONITORING_TOOL_IDS];
-    /* Per event, the tools active for this code when it was last brought
-       up to date: the global ones and its local ones. */
-    uint8_t active[_PY_MONITORING_EVENTS];
+    /* Per local event (_PY_MONITORING_LOCAL_INDEX), the tools that set it
+       for this code. */
+    uint8_t local[_PY_MONITORING_LOCAL_EVENT_COUNT];
+    /* Per local event, the tools active for this code when it was last
+       brought up to date: the global ones and the local ones. */
+    uint8_t active[_PY_MONITORING_LOCAL_EVENT_COUNT];
     /* Markers in the code, at most _PY_MONITORING_MAX_MARKERS. */
-    int markers;
-    /* Per code unit, its line (-1 for none, and for RESUME, after which a
-       line is always new); made the first time LINE is active here. */
-    int *lines;
-    _PyMonitoringUnit units[1];
+    uint8_t markers;
+    /* The interpreter's count of clears when the local events and marks
+       here were last rid of those of cleared tools. */
+    uint32_t clears;
+    /* Per kind of mark, an array of a set of tools per code unit; made
+       the first time there is such a mark here. */
+    uint8_t **marks;
+    /* The line of each code unit and where LINE is instrumented; made the
+       first time LINE is active here (see instrumentation.c). */
+    uint8_t *lines;
+    /* Per code unit, the base opcode of the instruction it starts; CACHE
+       on inline cache entries. */
+    uint8_t base[1];
 } _PyCoMonitoringData;
 
 #define _PY_MONITORING_MAX_MARKERS 255
@@ -253,7 +248,7 @@ extern int _PyMonitoring_FireStopIteration(PyThreadState *tstate,
    co_code shows there. */
 #define _PyMonitoring_Deopt(code, i, op) \
     ((op) == INSTRUMENTED_INSTRUCTION || (op) == INSTRUMENTED_JUMP \
-     ? (code)->_co_monitoring->units[(i)].base : _PyOpcode_Deopt[(op)])
+     ? (code)->_co_monitoring->base[(i)] : _PyOpcode_Deopt[(op)])
 
 /* Before an instruction on INSTRUMENTED_INSTRUCTION: delivers MARKER,
    LINE and INSTRUCTION there, in 3.12's order.  Returns the opcode to run

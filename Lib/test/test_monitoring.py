@@ -3,12 +3,14 @@
 import asyncio
 import contextlib
 import dis
+import gc
 import marshal
 import sys
 import textwrap
 import threading
 import time
 import traceback
+import tracemalloc
 import types
 import unittest
 from test import support
@@ -2608,6 +2610,124 @@ class TestFuzzFindings(MonitoringTestBase, unittest.TestCase):
         alone = {tool: run([tool])[tool] for tool in tools}
         together = run(tools)
         self.assertEqual(together, alone)
+
+
+def long_function(statements, gap=0):
+    """A function of `statements` lines, `gap` empty lines apart."""
+    body = "".join(f"    x = {i}\n" + "\n" * gap for i in range(statements))
+    namespace = {}
+    exec(f"def f():\n{body}    return x\n", namespace)
+    return namespace["f"]
+
+
+class TestCodeData(MonitoringTestBase, unittest.TestCase):
+    """What monitoring keeps per code object: a coverage tool monitors all
+    code, so a byte more per code unit is megabytes in a large program."""
+
+    def kept(self, *actions):
+        """The bytes still allocated after each of `actions`, per code unit
+        of the function they work on, beyond what was before."""
+        func = long_function(2000)
+        units = len(func.__code__.co_code) // 2
+        func()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            kept = []
+            for action in actions:
+                action(func)
+                kept.append((tracemalloc.get_traced_memory()[0] - before)
+                            / units)
+        finally:
+            tracemalloc.stop()
+            if gc_was_enabled:
+                gc.enable()
+        return kept
+
+    def test_one_tool_with_line(self):
+        def line(code, line_number):
+            pass
+        M.register_callback(TOOL, E.LINE, line)
+
+        def run(func):
+            M.set_local_events(TOOL, func.__code__, E.LINE)
+            func()
+        # 3.12 keeps two bytes a unit here, 3.11's first fork fifteen.
+        [kept] = self.kept(run)
+        self.assertLess(kept, 2.3)
+
+    def test_profiler_events(self):
+        M.register_callback(TOOL, E.PY_START, lambda code, offset: None)
+
+        def run(func):
+            M.set_local_events(TOOL, func.__code__,
+                               E.PY_START | E.PY_RETURN)
+            func()
+        [kept] = self.kept(run)
+        self.assertLess(kept, 1.2)
+
+    def test_disable_and_restart(self):
+        def line(code, line_number):
+            return M.DISABLE
+        M.register_callback(TOOL, E.LINE, line)
+
+        def run(func):
+            M.set_local_events(TOOL, func.__code__, E.LINE)
+            func()
+
+        def restart(func):
+            M.register_callback(TOOL, E.LINE, lambda code, line_number: None)
+            M.restart_events()
+            func()
+        disabled, restarted = self.kept(run, restart)
+        # One byte a unit marks where the tool disabled LINE, until
+        # restart_events() forgets the marks.
+        self.assertLess(disabled, 3.3)
+        self.assertGreater(disabled, 2.5)
+        self.assertLess(restarted, 2.3)
+
+    def test_freed_tool_leaves_no_marks(self):
+        M.use_tool_id(OTHER, "other")
+        M.register_callback(OTHER, E.LINE, lambda code, line: M.DISABLE)
+
+        def run(func):
+            M.set_local_events(OTHER, func.__code__, E.LINE)
+            func()
+
+        def free(func):
+            M.free_tool_id(OTHER)
+            func()
+        disabled, freed = self.kept(run, free)
+        self.assertGreater(disabled, 2.5)
+        self.assertLess(freed, 2.3)
+        self.assertEqual(M.get_local_events(OTHER, long_function(1).__code__),
+                         0)
+
+    def test_lines_far_apart(self):
+        # Lines more than a hundred apart within a few code units.
+        for gap in (0, 125, 126, 127, 300, 100000):
+            with self.subTest(gap=gap):
+                func = long_function(30, gap)
+                self.events = []
+                self.run_recorded(func, ["LINE"])
+                self.assertEqual(lines_of(func.__code__, self.events),
+                                 settrace_lines(func))
+                self.assertEqual(len(lines_of(func.__code__, self.events)),
+                                 31)
+                M.restart_events()
+
+    def test_lines_before_the_def(self):
+        # A line table may give lines below co_firstlineno.
+        func = long_function(3)
+        code = func.__code__
+        func.__code__ = code.replace(co_firstlineno=code.co_firstlineno + 50)
+        self.events = []
+        self.run_recorded(func, ["LINE"])
+        self.assertEqual(lines_of(func.__code__, self.events),
+                         settrace_lines(func))
+        self.assertEqual(len(lines_of(func.__code__, self.events)), 4)
 
 
 class TestInvisible(MonitoringTestBase, unittest.TestCase):
