@@ -239,7 +239,7 @@ static uint8_t
 marker_tools(_PyCoMonitoringData *data, int i)
 {
     uint8_t tools = unit_tools(data, i, EVENT(MARKER));
-    return tools ? tools & unit_marks(data, MARK(MARKERS), i) : 0;
+    return tools ? tools & unit_marks(data, MARK(INSERTED), i) : 0;
 }
 
 /* Lines.  One byte per code unit: LINE_START where LINE is instrumented,
@@ -300,7 +300,9 @@ lines_differ(PyCodeObject *code, _PyCoMonitoringData *data, int i, int j)
     return unit_line(code, data, i) != unit_line(code, data, j);
 }
 
-/* The INSTRUMENTED_ form of each instruction with events of its own. */
+/* The INSTRUMENTED_ form of each instruction with events of its own.
+   Not SEND, nor FOR_ITER's end: STOP_ITERATION is looked for where an
+   iteration ends, never instrumented. */
 static const uint8_t event_form[256] = {
     [RESUME] = INSTRUMENTED_RESUME,
     [RETURN_VALUE] = INSTRUMENTED_RETURN_VALUE,
@@ -329,47 +331,41 @@ static int
 instrumented_form(PyCodeObject *code, _PyCoMonitoringData *data, int i,
                   int base)
 {
-    assert((event_form[base] == INSTRUMENTED_JUMP) == (jump_event(base) >= 0));
-    if (event_form[base] == 0) {
-        return 0;
-    }
-    switch (base) {
-        case RESUME: {
-            int event = _Py_OPARG(_PyCode_CODE(code)[i]) == 0
-                        ? EVENT(PY_START) : EVENT(PY_RESUME);
-            return unit_tools(data, i, event) ? INSTRUMENTED_RESUME : 0;
-        }
-        case RETURN_VALUE:
-            return unit_tools(data, i, EVENT(PY_RETURN))
-                   ? INSTRUMENTED_RETURN_VALUE : 0;
-        case YIELD_VALUE:
-            return unit_tools(data, i, EVENT(PY_YIELD))
-                   ? INSTRUMENTED_YIELD_VALUE : 0;
-        case CALL_FUNCTION_EX:
-            return unit_tools(data, i, EVENT(CALL))
-                   ? INSTRUMENTED_CALL_FUNCTION_EX : 0;
+    int form = event_form[base];
+    assert((form == INSTRUMENTED_JUMP) == (jump_event(base) >= 0));
+    uint8_t tools;
+    switch (form) {
+        case 0:
+            return 0;
+        case INSTRUMENTED_RESUME:
+            tools = unit_tools(data, i, _Py_OPARG(_PyCode_CODE(code)[i]) == 0
+                                        ? EVENT(PY_START) : EVENT(PY_RESUME));
+            break;
+        case INSTRUMENTED_RETURN_VALUE:
+            tools = unit_tools(data, i, EVENT(PY_RETURN));
+            break;
+        case INSTRUMENTED_YIELD_VALUE:
+            tools = unit_tools(data, i, EVENT(PY_YIELD));
+            break;
+        case INSTRUMENTED_CALL_FUNCTION_EX:
+        case INSTRUMENTED_CALL:
+            tools = unit_tools(data, i, EVENT(CALL));
+            break;
         /* Specialized PRECALLs make calls themselves, so both halves of a
            call are instrumented: PRECALL delivers CALL, and CALL delivers
            C_RETURN and C_RAISE. */
-        case CALL:
-            return unit_tools(data, i, EVENT(CALL)) ? INSTRUMENTED_CALL : 0;
-        case PRECALL:
-            return unit_tools(data, next_instruction(code, i), EVENT(CALL))
-                   ? INSTRUMENTED_PRECALL : 0;
-    }
-    switch (jump_event(base)) {
-        case EVENT(JUMP):
-            return unit_tools(data, i, EVENT(JUMP)) ? INSTRUMENTED_JUMP : 0;
-        case EVENT(BRANCH):
-            return (unit_tools(data, i, EVENT(BRANCH))
-                    | unit_tools(data, i, EVENT(BRANCH_LEFT))
-                    | unit_tools(data, i, EVENT(BRANCH_RIGHT)))
-                   ? INSTRUMENTED_JUMP : 0;
+        case INSTRUMENTED_PRECALL:
+            tools = unit_tools(data, next_instruction(code, i), EVENT(CALL));
+            break;
         default:
-            /* FOR_ITER and SEND: STOP_ITERATION is looked for where the
-               iteration ends, never instrumented. */
-            return 0;
+            assert(form == INSTRUMENTED_JUMP);
+            tools = jump_event(base) == EVENT(JUMP)
+                    ? unit_tools(data, i, EVENT(JUMP))
+                    : (unit_tools(data, i, EVENT(BRANCH))
+                       | unit_tools(data, i, EVENT(BRANCH_LEFT))
+                       | unit_tools(data, i, EVENT(BRANCH_RIGHT)));
     }
+    return tools ? form : 0;
 }
 
 /* Whether the instruction at `i` needs INSTRUMENTED_INSTRUCTION. */
@@ -778,7 +774,7 @@ forget_void_marks(PyInterpreterState *interp, PyCodeObject *code,
         if (marks == NULL) {
             continue;
         }
-        if (restart && kind != MARK(MARKERS)) {
+        if (restart && kind != MARK(INSERTED)) {
             free_marks(data, kind);
             continue;
         }
@@ -787,7 +783,7 @@ forget_void_marks(PyInterpreterState *interp, PyCodeObject *code,
         }
         int any = 0;
         for (int i = 0; i < Py_SIZE(code); i++) {
-            if (kind == MARK(MARKERS)) {
+            if (kind == MARK(INSERTED)) {
                 data->markers -= _Py_popcount32(marks[i] & cleared);
             }
             marks[i] &= ~cleared;
@@ -877,7 +873,7 @@ check_instrumentation(PyCodeObject *code, PyInterpreterState *interp)
         assert(!line_start(data, i) || hookable(code, data, i));
         assert(data->lines == NULL
                || unit_line(code, data, i) == (base == RESUME ? -1 : line));
-        uint8_t unit_markers = unit_marks(data, MARK(MARKERS), i);
+        uint8_t unit_markers = unit_marks(data, MARK(INSERTED), i);
         assert(!unit_markers || hookable(code, data, i));
         assert((unit_markers & ~((1 << _PY_MONITORING_USER_TOOL_IDS) - 1))
                == 0);
@@ -903,16 +899,20 @@ check_instrumentation(PyCodeObject *code, PyInterpreterState *interp)
         previous = i;
     }
     assert(markers == data->markers);
-    if (data->marks != NULL) {
-        /* No array of marks is kept empty once void ones are forgotten. */
-        for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
-            int any = 0;
-            for (int i = 0; data->marks[kind] && i < Py_SIZE(code); i++) {
-                any |= data->marks[kind][i];
-            }
-            assert(any || data->marks[kind] == NULL || !up_to_date
-                   || kind == MARK(MARKERS));
+    /* Once void marks are forgotten, no array of DISABLE marks is kept
+       empty (markers come and go one by one, and theirs may be). */
+    for (int kind = 0; up_to_date && data->marks != NULL
+                       && kind < _PY_MONITORING_MARKS; kind++)
+    {
+        uint8_t *marks = data->marks[kind];
+        if (marks == NULL || kind == MARK(INSERTED)) {
+            continue;
         }
+        int any = 0;
+        for (int i = 0; i < Py_SIZE(code); i++) {
+            any |= marks[i];
+        }
+        assert(any);
     }
 }
 #else
@@ -2031,7 +2031,7 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
     {
         return NULL;
     }
-    int present = (unit_marks(data, MARK(MARKERS), site) >> tool_id) & 1;
+    int present = (unit_marks(data, MARK(INSERTED), site) >> tool_id) & 1;
     if (insert == present) {
         if (insert) {
             Py_RETURN_NONE;
@@ -2046,7 +2046,7 @@ change_marker(int tool_id, PyObject *code, int offset, int insert)
                      _PY_MONITORING_MAX_MARKERS);
         return NULL;
     }
-    uint8_t *markers = marks_of(co, data, MARK(MARKERS));
+    uint8_t *markers = marks_of(co, data, MARK(INSERTED));
     if (markers == NULL) {
         return NULL;
     }
