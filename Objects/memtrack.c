@@ -562,6 +562,7 @@ Py_AdjustTrackedMemory(const char *what, Py_ssize_t delta)
     }
     _Py_memtrack.bytes += delta;
     if (delta > 0) {
+        _Py_memtrack.allocated += delta;
         _PyMemTrack_NotePeak();
     }
 }

@@ -5,6 +5,8 @@
 
 #include "Python.h"
 #include "pycore_bitutils.h"      // _Py_popcount32()
+#include "pycore_call.h"          // _PyObject_VectorcallTstate()
+#include "pycore_ceval.h"         // _PyEval_Vector()
 #include "pycore_code.h"          // _PyCode_Quicken()
 #include "pycore_frame.h"         // _PyInterpreterFrame
 #include "pycore_memtrack.h"      // _PyMem_OwnedCalloc()
@@ -89,33 +91,6 @@ static const uint8_t event_mark[_PY_MONITORING_EVENTS] = {
     [EVENT(MARKER)] = MARK(MARKER),
     /* The others: MARK(SITE), the event of the instruction itself. */
 };
-
-/* JUMP for an unconditional jump, BRANCH for a conditional one (whose
-   BRANCH_LEFT goes on and BRANCH_RIGHT jumps), -1 for other instructions.
-   As in 3.12, the jump back of a yield from loop is not told. */
-static int
-jump_event(int base)
-{
-    switch (base) {
-        case JUMP_FORWARD:
-        case JUMP_BACKWARD:
-            return EVENT(JUMP);
-        case POP_JUMP_FORWARD_IF_FALSE:
-        case POP_JUMP_FORWARD_IF_TRUE:
-        case POP_JUMP_FORWARD_IF_NONE:
-        case POP_JUMP_FORWARD_IF_NOT_NONE:
-        case POP_JUMP_BACKWARD_IF_FALSE:
-        case POP_JUMP_BACKWARD_IF_TRUE:
-        case POP_JUMP_BACKWARD_IF_NONE:
-        case POP_JUMP_BACKWARD_IF_NOT_NONE:
-        case JUMP_IF_FALSE_OR_POP:
-        case JUMP_IF_TRUE_OR_POP:
-        case FOR_ITER:
-            return EVENT(BRANCH);
-        default:
-            return -1;
-    }
-}
 
 /* Where the instruction `base` at unit `i`, with full `oparg`, goes when
    it jumps; -1 if it never does. */
@@ -283,21 +258,7 @@ unit_line(PyCodeObject *code, _PyCoMonitoringData *data, int i)
     if (offset == LINE_FAR) {
         return PyCode_Addr2Line(code, i * (int)sizeof(_Py_CODEUNIT));
     }
-    return *block_line(data, i / LINES_BLOCK) + offset;
-}
-
-/* Whether units `i` and `j` are on different lines: within a block, the
-   offsets tell without the block's line. */
-static int
-lines_differ(PyCodeObject *code, _PyCoMonitoringData *data, int i, int j)
-{
-    int a = data->lines[i] & LINE_OFFSET;
-    int b = data->lines[j] & LINE_OFFSET;
-    int same_block = (unsigned int)(i ^ j) < LINES_BLOCK;
-    if (same_block && a != LINE_FAR && b != LINE_FAR) {
-        return a != b;
-    }
-    return unit_line(code, data, i) != unit_line(code, data, j);
+    return *block_line(data, (int)((unsigned int)i / LINES_BLOCK)) + offset;
 }
 
 /* The INSTRUMENTED_ form of each instruction with events of its own.
@@ -325,6 +286,40 @@ static const uint8_t event_form[256] = {
     [FOR_ITER] = INSTRUMENTED_JUMP,
 };
 
+/* The event each instruction of event_form[] tells of: PY_RESUME instead
+   of PY_START for a RESUME with an oparg; a PRECALL tells the CALL of the
+   CALL after it (see instrumented_form()).  A conditional jump tells
+   BRANCH, and BRANCH_LEFT where it goes on or BRANCH_RIGHT where it jumps;
+   as in 3.12, the jump back of a yield from loop is not told. */
+static const uint8_t own_event[256] = {
+    [RESUME] = EVENT(PY_START),
+    [RETURN_VALUE] = EVENT(PY_RETURN),
+    [YIELD_VALUE] = EVENT(PY_YIELD),
+    [CALL_FUNCTION_EX] = EVENT(CALL),
+    [CALL] = EVENT(CALL),
+    [PRECALL] = EVENT(CALL),
+    [JUMP_FORWARD] = EVENT(JUMP),
+    [JUMP_BACKWARD] = EVENT(JUMP),
+    [POP_JUMP_FORWARD_IF_FALSE] = EVENT(BRANCH),
+    [POP_JUMP_FORWARD_IF_TRUE] = EVENT(BRANCH),
+    [POP_JUMP_FORWARD_IF_NONE] = EVENT(BRANCH),
+    [POP_JUMP_FORWARD_IF_NOT_NONE] = EVENT(BRANCH),
+    [POP_JUMP_BACKWARD_IF_FALSE] = EVENT(BRANCH),
+    [POP_JUMP_BACKWARD_IF_TRUE] = EVENT(BRANCH),
+    [POP_JUMP_BACKWARD_IF_NONE] = EVENT(BRANCH),
+    [POP_JUMP_BACKWARD_IF_NOT_NONE] = EVENT(BRANCH),
+    [JUMP_IF_FALSE_OR_POP] = EVENT(BRANCH),
+    [JUMP_IF_TRUE_OR_POP] = EVENT(BRANCH),
+    [FOR_ITER] = EVENT(BRANCH),
+};
+
+/* JUMP or BRANCH for the jump `base`, -1 for other instructions. */
+static int
+jump_event(int base)
+{
+    return event_form[base] == INSTRUMENTED_JUMP ? own_event[base] : -1;
+}
+
 /* The INSTRUMENTED_ form the instruction `base` at `i` needs for its own
    events, or 0. */
 static int
@@ -332,38 +327,24 @@ instrumented_form(PyCodeObject *code, _PyCoMonitoringData *data, int i,
                   int base)
 {
     int form = event_form[base];
-    assert((form == INSTRUMENTED_JUMP) == (jump_event(base) >= 0));
-    uint8_t tools;
-    switch (form) {
-        case 0:
-            return 0;
-        case INSTRUMENTED_RESUME:
-            tools = unit_tools(data, i, _Py_OPARG(_PyCode_CODE(code)[i]) == 0
-                                        ? EVENT(PY_START) : EVENT(PY_RESUME));
-            break;
-        case INSTRUMENTED_RETURN_VALUE:
-            tools = unit_tools(data, i, EVENT(PY_RETURN));
-            break;
-        case INSTRUMENTED_YIELD_VALUE:
-            tools = unit_tools(data, i, EVENT(PY_YIELD));
-            break;
-        case INSTRUMENTED_CALL_FUNCTION_EX:
-        case INSTRUMENTED_CALL:
-            tools = unit_tools(data, i, EVENT(CALL));
-            break;
+    if (form == 0) {
+        return 0;
+    }
+    int event = own_event[base];
+    int site = i;
+    if (base == RESUME && _Py_OPARG(_PyCode_CODE(code)[i]) != 0) {
+        event = EVENT(PY_RESUME);
+    }
+    else if (base == PRECALL) {
         /* Specialized PRECALLs make calls themselves, so both halves of a
            call are instrumented: PRECALL delivers CALL, and CALL delivers
            C_RETURN and C_RAISE. */
-        case INSTRUMENTED_PRECALL:
-            tools = unit_tools(data, next_instruction(code, i), EVENT(CALL));
-            break;
-        default:
-            assert(form == INSTRUMENTED_JUMP);
-            tools = jump_event(base) == EVENT(JUMP)
-                    ? unit_tools(data, i, EVENT(JUMP))
-                    : (unit_tools(data, i, EVENT(BRANCH))
-                       | unit_tools(data, i, EVENT(BRANCH_LEFT))
-                       | unit_tools(data, i, EVENT(BRANCH_RIGHT)));
+        site = next_instruction(code, i);
+    }
+    uint8_t tools = unit_tools(data, site, event);
+    if (event == EVENT(BRANCH)) {
+        tools |= unit_tools(data, i, EVENT(BRANCH_LEFT))
+                 | unit_tools(data, i, EVENT(BRANCH_RIGHT));
     }
     return tools ? form : 0;
 }
@@ -384,11 +365,12 @@ needs_hook(PyCodeObject *code, _PyCoMonitoringData *data, int i)
    events before it: the INSTRUMENTED_ form for the instruction's own
    events, or the base instruction (never an adaptive or specialized form:
    those rewrite their own unit, which would erase the hook). */
-static int
+static inline int
 hooked_opcode(PyCodeObject *code, _PyCoMonitoringData *data, int i)
 {
-    int form = instrumented_form(code, data, i, data->base[i]);
-    return form ? form : data->base[i];
+    int base = data->base[i];
+    int form = event_form[base] ? instrumented_form(code, data, i, base) : 0;
+    return form ? form : base;
 }
 
 /* An adaptive instruction taken back from its instrumented form starts to
@@ -930,13 +912,11 @@ quicken_now(PyCodeObject *code)
     }
 }
 
-int
-_PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
+/* Brings `code` to what the tables ask of it now. */
+static int
+instrument(PyCodeObject *code, PyInterpreterState *interp)
 {
     struct _Py_monitoring_state *state = &interp->monitoring;
-    if (code->_co_monitoring_version == state->version) {
-        return 0;
-    }
     int any = 0;
     for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
         any |= IS_LOCAL(event) && state->global[event];
@@ -971,6 +951,15 @@ _PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
     code->_co_monitoring_version = state->version;
     check_instrumentation(code, interp);
     return 0;
+}
+
+int
+_PyMonitoring_Instrument(PyCodeObject *code, PyInterpreterState *interp)
+{
+    if (code->_co_monitoring_version == interp->monitoring.version) {
+        return 0;
+    }
+    return instrument(code, interp);
 }
 
 int _PyMonitoring_EverUsed = 0;
@@ -1025,8 +1014,9 @@ site_tools(PyCodeObject *code, int site, int event)
     return unit_tools(data, site, event);
 }
 
-/* The tools that want `event` at `site` as things are now. */
-static uint8_t
+/* The tools that want `event` at `site` as things are now.  Not inlined:
+   call_tools() asks only after a callback ran. */
+static Py_NO_INLINE uint8_t
 tools_now(PyInterpreterState *interp, PyCodeObject *code, int site, int event)
 {
     if (event == EVENT(C_RETURN) || event == EVENT(C_RAISE)) {
@@ -1049,37 +1039,84 @@ tools_now(PyInterpreterState *interp, PyCodeObject *code, int site, int event)
    it for trace functions. */
 #define SILENCED(tstate) ((tstate)->tracing != 0)
 
-/* Calls the `event` callbacks of `tools`, highest tool id first (as 3.12
-   does), with the code, the offset of `site` and the event's own
-   arguments.  `tools` must be what tools_now() says: no code may have run
-   since. */
-static int
-deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
-        uint8_t tools, PyObject *arg1, PyObject *arg2)
+/* A callback returned DISABLE for `event` at `site`: no more of it there
+   for `tool`, until restart_events().  Kept out of call_tools(), whose
+   every event pays for what it prepares. */
+static Py_NO_INLINE int
+disable_after_callback(PyThreadState *tstate, PyCodeObject *code, int site,
+                       int event, int tool)
 {
-    if (tools == 0 || SILENCED(tstate)) {
-        return 0;
-    }
-    /* LINE is told the line, every other event the offset. */
-    PyObject *offset = PyLong_FromLong(
-        event == EVENT(LINE) ? unit_line(code, code->_co_monitoring, site)
-        : site < 0 ? 0 : site * (long)sizeof(_Py_CODEUNIT));
-    if (offset == NULL) {
+    if (!IS_LOCAL(event)) {
+        /* As upstream does: the callback goes, so that an event that
+           cannot be disabled does not raise again and again. */
+        Py_CLEAR(tstate->interp->monitoring.callbacks[tool][event]);
+        PyErr_Format(PyExc_ValueError,
+                     "Cannot disable %s events. Callback removed.",
+                     event_names[event]);
         return -1;
     }
-    PyObject *args[5] = {NULL, (PyObject *)code, offset, arg1, arg2};
-    size_t nargs = 2 + (arg1 != NULL) + (arg2 != NULL);
+    return disable_site(code, site, event, tool);
+}
+
+/* Calls the Python callback `callback` with `args`; returns 1 when it
+   returned DISABLE, -1 when it raised. */
+static inline int
+call_python(PyThreadState *tstate, PyObject *callback, PyObject **args,
+            size_t nargsf)
+{
+    Py_INCREF(callback);
+    PyObject *res;
+    PyFunctionObject *func = (PyFunctionObject *)callback;
+    if (Py_IS_TYPE(callback, &PyFunction_Type)
+        && func->vectorcall == _PyFunction_Vectorcall)
+    {
+        /* Most callbacks are Python functions: a frame is pushed for them
+           at once, as the eval loop does for its calls. */
+        PyObject *locals =
+            ((PyCodeObject *)func->func_code)->co_flags & CO_OPTIMIZED
+            ? NULL : func->func_globals;
+        res = _PyEval_Vector(tstate, func, locals, args,
+                             PyVectorcall_NARGS(nargsf), NULL);
+    }
+    else {
+        res = _PyObject_VectorcallTstate(tstate, callback, args, nargsf,
+                                         NULL);
+    }
+    Py_DECREF(callback);
+    if (res == NULL) {
+        return -1;
+    }
+    Py_DECREF(res);
+    return res == DISABLE;
+}
+
+/* Calls the `event` callbacks of `tools`, highest tool id first (as 3.12
+   does), with the code, `where` (the line for LINE, the offset of `site`
+   for the others) and the event's own arguments.  `tools` must be what
+   tools_now() says: no code may have run since.  Inlined into the path
+   of LINE, the most frequent event; called by the others. */
+static inline Py_ALWAYS_INLINE int
+call_tools_inline(PyThreadState *tstate, PyCodeObject *code, int site,
+                  int event, uint8_t tools, long where, PyObject *arg1,
+                  PyObject *arg2)
+{
+    assert(tools != 0 && !SILENCED(tstate));
     struct _Py_monitoring_state *state = &tstate->interp->monitoring;
+    /* `where` is made an int object for the first Python callback. */
+    PyObject *args[5] = {NULL, (PyObject *)code, NULL, arg1, arg2};
+    size_t nargsf = (2 + (arg1 != NULL) + (arg2 != NULL))
+                    | PY_VECTORCALL_ARGUMENTS_OFFSET;
     int err = 0;
     int called = 0;
     for (unsigned int rest = tools; rest != 0; ) {
         int tool = _Py_bit_length(rest) - 1;
-        rest &= ~(1u << tool);
+        rest ^= 1u << tool;
         /* Looked up anew each time: an earlier callback, in this thread
            or another, may have changed or removed it, turned the event
            off for this tool, or disabled it here. */
         PyObject *callback = state->callbacks[tool][event];
-        if (callback == NULL
+        _PyMonitoring_NativeCallback native = state->native[tool][event].func;
+        if ((callback == NULL && native == NULL)
             || (called
                 && !((tools_now(tstate->interp, code, site, event) >> tool)
                      & 1)))
@@ -1087,42 +1124,103 @@ deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
             continue;
         }
         called = 1;
-        Py_INCREF(callback);
+        if (callback != NULL && args[2] == NULL) {
+            args[2] = PyLong_FromLong(where);
+            if (args[2] == NULL) {
+                err = -1;
+                break;
+            }
+        }
         /* PyThreadState_EnterTracing() and LeaveTracing(), inlined: this
-           is the path of every event. */
+           is the path of every event.  Without a trace function (the
+           callback may have set one) tracing stays off. */
         tstate->tracing++;
         tstate->cframe->use_tracing = 0;
-        PyObject *res = PyObject_Vectorcall(
-            callback, args + 1, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        int res = callback != NULL
+            ? call_python(tstate, callback, args + 1, nargsf)
+            : native(state->native[tool][event].arg, tstate, code, where,
+                     arg1, arg2);
         tstate->tracing--;
-        _PyThreadState_UpdateTracingState(tstate);
-        Py_DECREF(callback);
-        if (res == NULL) {
+        if (tstate->c_tracefunc != NULL) {
+            _PyThreadState_UpdateTracingState(tstate);
+        }
+        if (res != 0
+            && (res < 0
+                || disable_after_callback(tstate, code, site, event,
+                                          tool) < 0))
+        {
             err = -1;
             break;
         }
-        if (res == DISABLE) {
-            if (!IS_LOCAL(event)) {
-                /* As upstream does: the callback goes, so that an event
-                   that cannot be disabled does not raise again and again. */
-                Py_DECREF(res);
-                Py_CLEAR(state->callbacks[tool][event]);
-                PyErr_Format(PyExc_ValueError,
-                             "Cannot disable %s events. Callback removed.",
-                             event_names[event]);
-                err = -1;
-                break;
-            }
-            if (disable_site(code, site, event, tool) < 0) {
-                Py_DECREF(res);
-                err = -1;
-                break;
-            }
-        }
-        Py_DECREF(res);
     }
-    Py_DECREF(offset);
+    Py_XDECREF(args[2]);
     return err;
+}
+
+static Py_NO_INLINE int
+call_tools(PyThreadState *tstate, PyCodeObject *code, int site, int event,
+           uint8_t tools, long where, PyObject *arg1, PyObject *arg2)
+{
+    return call_tools_inline(tstate, code, site, event, tools, where, arg1,
+                             arg2);
+}
+
+static inline long
+site_offset(int site)
+{
+    return site < 0 ? 0 : site * (long)sizeof(_Py_CODEUNIT);
+}
+
+/* When `tools` is a lone tool with a callback written in C (a profiler),
+   calls it at once and returns 1 (or -1 if it raised): no object is made
+   of the offset, and it decides alone.  Returns 0 otherwise. */
+static inline int
+call_lone_native(PyThreadState *tstate, PyCodeObject *code, int site,
+                 int event, uint8_t tools, PyObject *arg1, PyObject *arg2)
+{
+    assert(tools != 0 && !SILENCED(tstate));
+    if (tools & (tools - 1)) {
+        return 0;
+    }
+    int tool = _Py_bit_length(tools) - 1;
+    struct _Py_monitoring_state *state = &tstate->interp->monitoring;
+    _PyMonitoring_NativeCallback native = state->native[tool][event].func;
+    if (native == NULL) {
+        return 0;
+    }
+    assert(state->callbacks[tool][event] == NULL);
+    tstate->tracing++;
+    tstate->cframe->use_tracing = 0;
+    int res = native(state->native[tool][event].arg, tstate, code,
+                     site_offset(site), arg1, arg2);
+    tstate->tracing--;
+    if (tstate->c_tracefunc != NULL) {
+        _PyThreadState_UpdateTracingState(tstate);
+    }
+    if (res > 0
+        && disable_after_callback(tstate, code, site, event, tool) < 0)
+    {
+        return -1;
+    }
+    return res < 0 ? -1 : 1;
+}
+
+/* call_tools() for an event other than LINE, if anyone is to hear it. */
+static inline int
+deliver(PyThreadState *tstate, PyCodeObject *code, int site, int event,
+        uint8_t tools, PyObject *arg1, PyObject *arg2)
+{
+    assert(event != EVENT(LINE));
+    if (tools == 0 || SILENCED(tstate)) {
+        return 0;
+    }
+    int called = call_lone_native(tstate, code, site, event, tools, arg1,
+                                  arg2);
+    if (called) {
+        return called < 0 ? -1 : 0;
+    }
+    return call_tools(tstate, code, site, event, tools, site_offset(site),
+                      arg1, arg2);
 }
 
 static int
@@ -1152,22 +1250,34 @@ _PyMonitoring_FireReturn(PyThreadState *tstate, _PyInterpreterFrame *frame,
                    site_tools(frame->f_code, site, event), retval, NULL);
 }
 
+/* The tools that want no call of `callable`. */
+static inline uint8_t
+unwanted_for(PyThreadState *tstate, PyObject *callable)
+{
+    return _PyMonitoring_IsBuiltinCallable(callable)
+           ? 0 : tstate->interp->monitoring.builtin_calls_only;
+}
+
 int
 _PyMonitoring_FireCall(PyThreadState *tstate, _PyInterpreterFrame *frame,
                        _Py_CODEUNIT *instr, PyObject *callable, PyObject *arg0)
 {
+    /* A PRECALL tells the CALL after it, at the unit after its cache. */
     int site = instr_index(frame, instr);
-    if (unit_base(frame->f_code, site) == PRECALL) {
-        site = next_instruction(frame->f_code, site);
+    while (unit_base(frame->f_code, site) == EXTENDED_ARG) {
+        site++;
     }
     return deliver(tstate, frame->f_code, site, EVENT(CALL),
-                   site_tools(frame->f_code, site, EVENT(CALL)),
+                   site_tools(frame->f_code, site, EVENT(CALL))
+                   & ~unwanted_for(tstate, callable),
                    callable, arg0);
 }
 
 /* Delivers `event` while an exception propagates: the exception is
    fetched meanwhile, and is the event's argument where `arg1` is NULL.  A
-   callback's exception replaces it. */
+   callback's exception replaces it.  A lone tool written in C hears of it
+   with the exception still set, and `arg1` as given: it needs no object
+   made, and takes what it wants of the exception itself. */
 static int
 deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
                          int event, uint8_t tools, PyObject *arg1,
@@ -1175,6 +1285,11 @@ deliver_during_exception(PyThreadState *tstate, PyCodeObject *code, int site,
 {
     if (tools == 0 || SILENCED(tstate)) {
         return 0;
+    }
+    int called = call_lone_native(tstate, code, site, event, tools, arg1,
+                                  arg2);
+    if (called) {
+        return called < 0 ? -1 : 0;
     }
     PyObject *type, *value, *tb;
     _PyErr_Fetch(tstate, &type, &value, &tb);
@@ -1219,7 +1334,8 @@ _PyMonitoring_FireCallResult(PyThreadState *tstate, _PyInterpreterFrame *frame,
     int event = res != NULL ? EVENT(C_RETURN) : EVENT(C_RAISE);
     /* Upstream's rule: the tools that have CALL here hear of the result,
        if they have a callback for it. */
-    uint8_t tools = site_tools(code, site, EVENT(CALL));
+    uint8_t tools = site_tools(code, site, EVENT(CALL))
+                    & ~unwanted_for(tstate, callable);
     if (res != NULL) {
         if (deliver(tstate, code, site, event, tools, callable, arg0) < 0) {
             Py_CLEAR(res);
@@ -1372,15 +1488,18 @@ _PyMonitoring_FireInstruction(PyThreadState *tstate,
     {
         goto error;
     }
-    if (line_start(data, site)) {
+    tools = line_start(data, site) ? unit_tools(data, site, EVENT(LINE)) : 0;
+    if (tools && !SILENCED(tstate)) {
+        /* A line start always has a line. */
+        int line = unit_line(code, data, site);
+        assert(line >= 0);
         if (previous < 0 || previous >= Py_SIZE(code)
-            ? unit_line(code, data, site) != -1
-            : lines_differ(code, data, site, previous))
+            || line != unit_line(code, data, previous))
         {
             _PyInterpreterFrame *outer = tstate->monitoring_line_frame;
             tstate->monitoring_line_frame = frame;
-            int err = deliver(tstate, code, site, EVENT(LINE),
-                              unit_tools(data, site, EVENT(LINE)), NULL, NULL);
+            int err = call_tools_inline(tstate, code, site, EVENT(LINE),
+                                        tools, line, NULL, NULL);
             tstate->monitoring_line_frame = outer;
             if (err < 0) {
                 goto error;
@@ -1654,6 +1773,37 @@ set_global_events(PyInterpreterState *interp, int tool_id, uint32_t events)
     return instrument_executing_code(interp);
 }
 
+/* Only `code` changes: it is brought up to date at once if it was (as all
+   executing code is), otherwise when it next runs. */
+static int
+set_local_events(PyInterpreterState *interp, int tool_id, PyCodeObject *code,
+                 uint32_t events)
+{
+    assert((events & ~_PY_MONITORING_LOCAL_EVENTS) == 0);
+    _PyCoMonitoringData *data = code_data(code);
+    if (data == NULL) {
+        return -1;
+    }
+    forget_void_marks(interp, code, data);
+    uint32_t old = local_events(interp, data, tool_id);
+    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
+        if ((events >> event) & 1) {
+            data->local[LOCAL(event)] |= 1 << tool_id;
+        }
+        else if (IS_LOCAL(event)) {
+            data->local[LOCAL(event)] &= ~(1 << tool_id);
+        }
+    }
+    interp->monitoring.local_union |= events;
+    _PyMonitoring_EverUsed = 1;
+    if (old != events
+        && code->_co_monitoring_version == interp->monitoring.version)
+    {
+        return instrument(code, interp);
+    }
+    return 0;
+}
+
 /* Drops what a tool has: its events, global and local, and callbacks. */
 static int
 clear_tool(PyInterpreterState *interp, int tool_id)
@@ -1661,10 +1811,116 @@ clear_tool(PyInterpreterState *interp, int tool_id)
     struct _Py_monitoring_state *state = &interp->monitoring;
     for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
         Py_CLEAR(state->callbacks[tool_id][event]);
+        state->native[tool_id][event].func = NULL;
         state->global[event] &= ~(1 << tool_id);
     }
+    state->builtin_calls_only &= ~(1 << tool_id);
     state->cleared_at[tool_id] = ++state->clears;
     return instrument_executing_code(interp);
+}
+
+
+/* For tools written in C (pycore_monitoring.h) */
+
+int
+_PyMonitoring_ClaimTool(PyInterpreterState *interp, int tool_id,
+                        const char *name)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_USER_TOOL_IDS);
+    PyObject **slot = &interp->monitoring.tool_names[tool_id];
+    if (*slot != NULL) {
+        PyErr_Format(PyExc_ValueError, "tool %d is already in use", tool_id);
+        return -1;
+    }
+    *slot = PyUnicode_FromString(name);
+    return *slot == NULL ? -1 : 0;
+}
+
+int
+_PyMonitoring_IsToolClaimedAs(PyInterpreterState *interp, int tool_id,
+                              const char *name)
+{
+    PyObject *owner = interp->monitoring.tool_names[tool_id];
+    return owner != NULL && PyUnicode_Check(owner)
+           && _PyUnicode_EqualToASCIIString(owner, name);
+}
+
+int
+_PyMonitoring_ReleaseTool(PyInterpreterState *interp, int tool_id)
+{
+    int err = clear_tool(interp, tool_id);
+    Py_CLEAR(interp->monitoring.tool_names[tool_id]);
+    return err;
+}
+
+void
+_PyMonitoring_SetNativeCallback(PyInterpreterState *interp, int tool_id,
+                                int event, _PyMonitoring_NativeCallback func,
+                                void *arg)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_TOOL_IDS);
+    assert(0 <= event && event < _PY_MONITORING_EVENTS);
+    struct _Py_monitoring_state *state = &interp->monitoring;
+    Py_CLEAR(state->callbacks[tool_id][event]);
+    state->native[tool_id][event].func = func;
+    state->native[tool_id][event].arg = arg;
+}
+
+void
+_PyMonitoring_SetBuiltinCallsOnly(PyInterpreterState *interp, int tool_id,
+                            int builtin_calls_only)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_TOOL_IDS);
+    if (builtin_calls_only) {
+        interp->monitoring.builtin_calls_only |= 1 << tool_id;
+    }
+    else {
+        interp->monitoring.builtin_calls_only &= ~(1 << tool_id);
+    }
+}
+
+void
+_PyMonitoring_SetProfilerOf(PyInterpreterState *interp,
+                            PyObject *(*func)(void *, PyThreadState *),
+                            void *arg)
+{
+    interp->monitoring.profiler_of = func;
+    interp->monitoring.profiler_of_arg = arg;
+}
+
+PyObject *
+_PyMonitoring_ProfilerOf(PyThreadState *tstate)
+{
+    struct _Py_monitoring_state *state = &tstate->interp->monitoring;
+    return state->profiler_of == NULL
+           ? NULL : state->profiler_of(state->profiler_of_arg, tstate);
+}
+
+int
+_PyMonitoring_SetToolEvents(PyInterpreterState *interp, int tool_id,
+                            uint32_t events)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_TOOL_IDS);
+    assert((events & ~ALL_EVENTS) == 0);
+    return set_global_events(interp, tool_id,
+                             events & ~(C_CALL_EVENTS & ~(1 << EVENT(CALL))));
+}
+
+int
+_PyMonitoring_SetToolLocalEvents(PyInterpreterState *interp, int tool_id,
+                                 PyCodeObject *code, uint32_t events)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_TOOL_IDS);
+    events &= ~(C_CALL_EVENTS & ~(1 << EVENT(CALL)));
+    assert((events & ~_PY_MONITORING_LOCAL_EVENTS) == 0);
+    return set_local_events(interp, tool_id, code, events);
+}
+
+int
+_PyMonitoring_ClearTool(PyInterpreterState *interp, int tool_id)
+{
+    assert(0 <= tool_id && tool_id < _PY_MONITORING_TOOL_IDS);
+    return clear_tool(interp, tool_id);
 }
 
 /*[clinic input]
@@ -1827,6 +2083,11 @@ monitoring_register_callback_impl(PyObject *module, int tool_id, int event,
     PyObject **slot = &interp->monitoring.callbacks[tool_id][event_id];
     PyObject *previous = *slot;
     *slot = func == Py_None ? NULL : Py_NewRef(func);
+    /* A C callback there is replaced too; it has no object to return. */
+    interp->monitoring.native[tool_id][event_id].func = NULL;
+    if (event_id == EVENT(CALL)) {
+        interp->monitoring.builtin_calls_only &= ~(1 << tool_id);
+    }
     return previous != NULL ? previous : Py_NewRef(Py_None);
 }
 
@@ -1953,24 +2214,7 @@ monitoring_set_local_events_impl(PyObject *module, int tool_id,
     {
         return NULL;
     }
-    _PyCoMonitoringData *data = code_data(co);
-    if (data == NULL) {
-        return NULL;
-    }
-    forget_void_marks(interp, co, data);
-    uint32_t old = local_events(interp, data, tool_id);
-    for (int event = 0; event < _PY_MONITORING_EVENTS; event++) {
-        if ((event_set >> event) & 1) {
-            data->local[LOCAL(event)] |= 1 << tool_id;
-        }
-        else if (IS_LOCAL(event)) {
-            data->local[LOCAL(event)] &= ~(1 << tool_id);
-        }
-    }
-    interp->monitoring.local_union |= (uint32_t)event_set;
-    if (old != (uint32_t)event_set
-        && instrument_executing_code(interp) < 0)
-    {
+    if (set_local_events(interp, tool_id, co, (uint32_t)event_set) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -2275,5 +2519,9 @@ _PyMonitoring_Clear(PyInterpreterState *interp)
         Py_CLEAR(state->tool_names[tool]);
     }
     memset(state->global, 0, sizeof(state->global));
+    memset(state->native, 0, sizeof(state->native));
+    state->profiled_threads = 0;
+    state->profiler_of = NULL;
+    state->builtin_calls_only = 0;
     state->version++;
 }

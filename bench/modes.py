@@ -66,6 +66,28 @@ MODES = {
 }
 
 
+try:
+    import profiling.tracing as _tracing
+except ImportError:
+    _tracing = None
+
+if _tracing is not None:
+    # Sightglass: the profiler without its memory counts (on a tracking
+    # build they are on by default), and one whose filter leaves the
+    # workloads out.
+    def _tracing_profile(**kwargs):
+        def start():
+            global _profiler
+            _profiler = _tracing.Profile(**kwargs)
+            _profiler.enable()
+        return start, _uncprofile
+
+    MODES["cprofile-nomem"] = _tracing_profile(memory=False) + (
+        "profiling.tracing.Profile(memory=False)",)
+    MODES["cprofile-filtered"] = _tracing_profile(
+        include=["/nonexistent/path"]) + (
+        "profiling.tracing.Profile whose include leaves the code out",)
+
 if hasattr(sys, "monitoring"):
     _mon = sys.monitoring
     _TOOL = _mon.PROFILER_ID

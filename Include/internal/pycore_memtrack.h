@@ -70,6 +70,9 @@ struct _Py_memtrack_locked {
     uintptr_t last_block;
     /* What debug hooks put before the pointer they hand out: 0 or 16. */
     uintptr_t hooks_pad;
+    /* All the bytes ever counted in `bytes`, for profilers that tell
+       what a function allocated besides what it kept. */
+    Py_ssize_t allocated;
 };
 PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
 
@@ -183,6 +186,7 @@ static inline int
 _PyMemTrack_CountPassesWatermark(size_t size)
 {
     _Py_memtrack.bytes += (Py_ssize_t)size;
+    _Py_memtrack.allocated += (Py_ssize_t)size;
     return ((size_t)_Py_memtrack.bytes
             > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
 }

@@ -64,6 +64,26 @@ extern "C" {
    reserves them for sys.setprofile and sys.settrace. */
 #define _PY_MONITORING_TOOL_IDS 8
 #define _PY_MONITORING_USER_TOOL_IDS 6
+/* The tool of sys.setprofile() (Python/setprofile.c). */
+#define _PY_MONITORING_PROFILE_ID 6
+
+/* A callback written in C, for tools of the core and its modules (the
+   profilers): called where a Python callback would be, under the same
+   rules, with `where` (the line for LINE, the offset in bytes for the
+   other events) and the event's own arguments, and no object made for
+   it.  `arg` is the one given at registration.  The current frame
+   (tstate->cframe->current_frame) is the event's.  Returns 0, 1 to
+   disable the event where it happened (as DISABLE), or -1 with an
+   exception set.
+
+   Where an exception propagates (PY_THROW, RAISE, RERAISE, PY_UNWIND,
+   C_RAISE, and STOP_ITERATION or a jump told with one set), it is still
+   set while the callback runs, and the argument that would be the
+   exception is NULL: a callback that runs code saves and restores it,
+   and one that fails replaces it. */
+typedef int (*_PyMonitoring_NativeCallback)(void *arg, PyThreadState *tstate,
+                                            PyCodeObject *code, long where,
+                                            PyObject *arg1, PyObject *arg2);
 
 struct _Py_monitoring_state {
     /* Bumped by every change that may change what code must deliver. */
@@ -84,6 +104,23 @@ struct _Py_monitoring_state {
     uint32_t local_union;
     PyObject *tool_names[_PY_MONITORING_TOOL_IDS];
     PyObject *callbacks[_PY_MONITORING_TOOL_IDS][_PY_MONITORING_EVENTS];
+    /* The threads with a profile function (sys.setprofile). */
+    int profiled_threads;
+    /* For sys.getprofile() in a thread without a profile function: the
+       profiler, a tool written in C, that records the thread (in 3.11,
+       cProfile's profiler was the thread's profile object). */
+    PyObject *(*profiler_of)(void *arg, PyThreadState *tstate);
+    void *profiler_of_arg;
+    /* Tools whose callbacks of CALL, C_RETURN and C_RAISE, written in C,
+       want to hear of calls of built-in functions and method descriptors
+       only: a profiler times them, and a Python function's PY_START tells
+       the rest.  Other calls, most of them, then cost it nothing. */
+    uint8_t builtin_calls_only;
+    /* Where callbacks[tool][event] is NULL, a C callback may be set. */
+    struct {
+        _PyMonitoring_NativeCallback func;
+        void *arg;
+    } native[_PY_MONITORING_TOOL_IDS][_PY_MONITORING_EVENTS];
 };
 
 /* What monitoring marks per code unit, each a set of tools: per place an
@@ -134,6 +171,51 @@ typedef struct _PyCoMonitoringData {
 
 #define _PY_MONITORING_MAX_MARKERS 255
 
+/* Tools written in C: the profilers, and sys.setprofile (tool 6).
+
+   A user tool id (0-5) is claimed under a name, as use_tool_id() claims
+   it; fails with ValueError if it is in use.  Release clears it, as
+   free_tool_id() does. */
+PyAPI_FUNC(int) _PyMonitoring_ClaimTool(PyInterpreterState *interp,
+                                        int tool_id, const char *name);
+PyAPI_FUNC(int) _PyMonitoring_IsToolClaimedAs(PyInterpreterState *interp,
+                                              int tool_id, const char *name);
+PyAPI_FUNC(int) _PyMonitoring_ReleaseTool(PyInterpreterState *interp,
+                                          int tool_id);
+/* Whether the callbacks of CALL, C_RETURN and C_RAISE of `tool_id` hear
+   of calls of built-in functions and method descriptors only. */
+PyAPI_FUNC(void) _PyMonitoring_SetBuiltinCallsOnly(PyInterpreterState *interp,
+                                             int tool_id, int builtin_calls_only);
+/* Sets or (func NULL) removes what tells the profiler of a thread. */
+PyAPI_FUNC(void) _PyMonitoring_SetProfilerOf(
+    PyInterpreterState *interp,
+    PyObject *(*func)(void *arg, PyThreadState *tstate), void *arg);
+/* The profiler of `tstate`, a borrowed reference, or NULL. */
+extern PyObject *_PyMonitoring_ProfilerOf(PyThreadState *tstate);
+/* Replaces the callback of `event` (an event number) for `tool_id`;
+   func NULL removes it. */
+PyAPI_FUNC(void) _PyMonitoring_SetNativeCallback(
+    PyInterpreterState *interp, int tool_id, int event,
+    _PyMonitoring_NativeCallback func, void *arg);
+/* Events as sets of bits, as set_events() and set_local_events() take
+   them; C_RETURN and C_RAISE come with CALL. */
+PyAPI_FUNC(int) _PyMonitoring_SetToolEvents(PyInterpreterState *interp,
+                                            int tool_id, uint32_t events);
+PyAPI_FUNC(int) _PyMonitoring_SetToolLocalEvents(PyInterpreterState *interp,
+                                                 int tool_id,
+                                                 PyCodeObject *code,
+                                                 uint32_t events);
+/* Drops the events, global and local, and the callbacks of `tool_id`. */
+PyAPI_FUNC(int) _PyMonitoring_ClearTool(PyInterpreterState *interp,
+                                        int tool_id);
+
+/* The profile function of `tstate` was set or removed; `had_one` tells
+   whether it had one before. */
+extern int _PyMonitoring_ProfileFunctionChanged(PyThreadState *tstate,
+                                                int had_one);
+/* A thread state with a profile function is cleared. */
+extern void _PyMonitoring_ProfiledThreadGone(PyThreadState *tstate);
+
 /* Set when an interpreter first changes its monitoring state: until then
    no code can be behind it, and the eval loop tests this flag alone. */
 extern int _PyMonitoring_EverUsed;
@@ -145,7 +227,7 @@ typedef struct {
     PyObject_HEAD
     const char *name;
 } _PyMonitoringSentinel;
-extern _PyMonitoringSentinel _PyMonitoring_Missing;
+PyAPI_DATA(_PyMonitoringSentinel) _PyMonitoring_Missing;
 #define _PyMonitoring_MISSING ((PyObject *)&_PyMonitoring_Missing)
 
 /* The sys.monitoring module object, for sys. */
@@ -169,6 +251,37 @@ extern int _PyMonitoring_FireResume(PyThreadState *tstate,
 extern int _PyMonitoring_FireReturn(PyThreadState *tstate,
                                     struct _PyInterpreterFrame *frame,
                                     _Py_CODEUNIT *instr, PyObject *retval);
+/* Whether `callable` is what 3.11 told profile functions of as a C call:
+   a built-in function or method, or a method descriptor.  The most
+   frequent callables are told from the rest by their type alone. */
+static inline int
+_PyMonitoring_IsBuiltinCallable(PyObject *callable)
+{
+    PyTypeObject *type = Py_TYPE(callable);
+    if (type == &PyFunction_Type) {
+        return 0;
+    }
+    if (type == &PyCFunction_Type || type == &PyCMethod_Type
+        || type == &PyMethodDescr_Type)
+    {
+        return 1;
+    }
+    return type != &PyType_Type && type != &PyMethod_Type
+           && PyCFunction_Check(callable);
+}
+
+/* Whether some tool may want to hear of a call of `callable`: tested
+   inline before CALL, since a profiler wants the calls of built-in
+   functions only (builtin_calls_only), and most calls are of others. */
+#define _PyMonitoring_CallMayBeWanted(tstate, callable) \
+    (((tstate)->interp->monitoring.global[_PY_MONITORING_EVENT_CALL] \
+      & ~(tstate)->interp->monitoring.builtin_calls_only) \
+     || ((tstate)->interp->monitoring.local_union \
+         & (1 << _PY_MONITORING_EVENT_CALL)) \
+     || _PyMonitoring_IsBuiltinCallable(callable))
+
+/* CALL, at `instr`: the CALL_FUNCTION_EX, or for a PRECALL the unit
+   after its cache (the CALL, or the EXTENDED_ARGs before it). */
 extern int _PyMonitoring_FireCall(PyThreadState *tstate,
                                   struct _PyInterpreterFrame *frame,
                                   _Py_CODEUNIT *instr, PyObject *callable,
