@@ -383,7 +383,7 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 }
 
 /* For sys: totals, peak, and the tags as a dict. */
-extern Py_ssize_t _PyMemTrack_TotalBytes(void);
+PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);
 extern Py_ssize_t _PyMemTrack_TotalBlocks(void);
 extern Py_ssize_t _PyMemTrack_PeakBytes(void);
 extern void _PyMemTrack_ResetPeak(void);

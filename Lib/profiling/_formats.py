@@ -10,7 +10,23 @@ weight: a frame is (name, filename, lineno).  Formats:
 
 import json
 
-__all__ = ["frame_of", "write_folded", "write_speedscope"]
+__all__ = ["frame_of", "write_folded", "write_speedscope", "Strings"]
+
+
+class Strings:
+    """A table of strings, each kept once; calling it gives the index of
+    a string, added where new.  .table is the list."""
+
+    def __init__(self):
+        self.table = []
+        self._index = {}
+
+    def __call__(self, text):
+        i = self._index.get(text)
+        if i is None:
+            i = self._index[text] = len(self.table)
+            self.table.append(text)
+        return i
 
 
 def frame_of(code):

@@ -883,7 +883,8 @@ class TestNoMemory(unittest.TestCase):
         self.assertTrue(all(e.allocated is None for e in profile.getstats()))
 
 
-class TestExports(unittest.TestCase):
+class Exported(unittest.TestCase):
+    """A profile of three functions, and a directory for its files."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
@@ -908,6 +909,9 @@ class TestExports(unittest.TestCase):
 
     def path(self, name):
         return os.path.join(self.tmp, name)
+
+
+class TestExports(Exported):
 
     def test_folded(self):
         self.profile.dump_folded(self.path("f"))
@@ -944,26 +948,6 @@ class TestExports(unittest.TestCase):
         names = {frames[i]["name"] for s in profile["samples"] for i in s}
         self.assertLessEqual({"root", "middle", "leaf"}, names)
         self.assertAlmostEqual(profile["endValue"], sum(profile["weights"]))
-
-    def shown_in_speedscope(self, path):
-        """The frame names speedscope's app shows, per profile."""
-        from test.support import viewers
-        shown = viewers.speedscope_import(path)
-        return {p["name"]: {f["name"] for f in p["frames"]}
-                for p in shown["profiles"]}
-
-    def test_speedscope_in_speedscope(self):
-        self.profile.dump_speedscope(self.path("s.json"))
-        [(profile, frames)] = self.shown_in_speedscope(
-            self.path("s.json")).items()
-        self.assertEqual(profile, f"thread {threading.get_ident()}")
-        self.assertLessEqual({"root", "middle", "leaf"}, frames)
-
-    def test_folded_in_speedscope(self):
-        self.profile.dump_folded(self.path("f.txt"))
-        [frames] = self.shown_in_speedscope(self.path("f.txt")).values()
-        self.assertLessEqual({f"{n} ({__file__}:{line})" for n, line in
-                              self.lines.items()}, frames)
 
     def test_callgrind(self):
         self.profile.dump_callgrind(self.path("callgrind.out"))
@@ -1018,6 +1002,30 @@ class TestExports(unittest.TestCase):
         rc, out, err = script_helper.assert_python_failure(
             "-m", "profiling.tracing", "--format", "speedscope", script)
         self.assertIn(b"needs --outfile", err)
+
+
+class ViewerTests(Exported):
+    """The files, loaded by the viewers' own code (test.support.viewers)."""
+
+    def shown_in_speedscope(self, path):
+        """The frame names speedscope's app shows, per profile."""
+        from test.support import viewers
+        shown = viewers.speedscope_import(path)
+        return {p["name"]: {f["name"] for f in p["frames"]}
+                for p in shown["profiles"]}
+
+    def test_speedscope_in_speedscope(self):
+        self.profile.dump_speedscope(self.path("s.json"))
+        [(profile, frames)] = self.shown_in_speedscope(
+            self.path("s.json")).items()
+        self.assertEqual(profile, f"thread {threading.get_ident()}")
+        self.assertLessEqual({"root", "middle", "leaf"}, frames)
+
+    def test_folded_in_speedscope(self):
+        self.profile.dump_folded(self.path("f.txt"))
+        [frames] = self.shown_in_speedscope(self.path("f.txt")).values()
+        self.assertLessEqual({f"{n} ({__file__}:{line})" for n, line in
+                              self.lines.items()}, frames)
 
 
 class TestBadInput(unittest.TestCase):

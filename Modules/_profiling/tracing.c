@@ -27,6 +27,7 @@
 #include "pycore_monitoring.h"    // _PyMonitoring_SetNativeCallback()
 #include "pycore_pystate.h"       // _PyThreadState_GET()
 #include "clock.h"
+#include "table.h"
 
 #define EVENT(name) _PY_MONITORING_EVENT_##name
 /* sys.monitoring.PROFILER_ID, and the name 3.12's cProfile uses. */
@@ -99,14 +100,6 @@ typedef struct {
     PyCodeObject *code;
     int recorded;
 } Verdict;
-
-/* Open addressing over int32 indexes into an array (stored plus one, so
-   that zero is empty). */
-typedef struct {
-    int32_t *slots;
-    uint32_t mask;
-    uint32_t used;
-} IndexTable;
 
 typedef struct {
     PyObject_HEAD
@@ -209,87 +202,15 @@ class _lsprof.Profiler "ProfilerObject *" "&PyBaseObject_Type"
 #include "clinic/tracing.c.h"
 
 
-/* Tables */
+/* Tables (table.h), kept at most half full: their lookups are on every
+   call. */
+
+#define TABLE_QUARTERS 2
 
 static inline uint32_t
 hash_key(void *key, int32_t parent)
 {
-    uint64_t x = ((uint64_t)(uintptr_t)key >> 4) ^ ((uint64_t)parent << 32);
-    x *= 0x9E3779B97F4A7C15ull;
-    return (uint32_t)(x >> 32);
-}
-
-/* Makes room for one more entry; `hash_of` gives the hash of an index. */
-static int
-table_reserve(IndexTable *table, void *owner,
-              uint32_t (*hash_of)(void *, int32_t))
-{
-    if ((table->used + 1) * 2 <= table->mask + 1 && table->slots != NULL) {
-        return 0;
-    }
-    if (table->mask >= UINT32_MAX / 4) {
-        return -1;
-    }
-    uint32_t size = table->slots == NULL ? 64 : (table->mask + 1) * 2;
-    int32_t *slots = PyMem_Calloc(size, sizeof(int32_t));
-    if (slots == NULL) {
-        return -1;
-    }
-    for (uint32_t i = 0; table->slots != NULL && i <= table->mask; i++) {
-        int32_t entry = table->slots[i];
-        if (entry != 0) {
-            uint32_t j = hash_of(owner, entry - 1) & (size - 1);
-            while (slots[j] != 0) {
-                j = (j + 1) & (size - 1);
-            }
-            slots[j] = entry;
-        }
-    }
-    PyMem_Free(table->slots);
-    table->slots = slots;
-    table->mask = size - 1;
-    return 0;
-}
-
-/* The index, among those of `hash`, that `matches` says has `key`, or -1.
-   Inlined where it is called, with its `matches`. */
-static inline int32_t
-table_find(IndexTable *table, uint32_t hash, void *owner, const void *key,
-           int (*matches)(void *, int32_t, const void *))
-{
-    if (table->slots == NULL) {
-        return -1;
-    }
-    for (uint32_t i = hash & table->mask; ; i = (i + 1) & table->mask) {
-        int32_t entry = table->slots[i];
-        if (entry == 0) {
-            return -1;
-        }
-        if (matches(owner, entry - 1, key)) {
-            return entry - 1;
-        }
-    }
-}
-
-/* Adds `index` of `hash`, where table_reserve() made room. */
-static void
-table_add(IndexTable *table, uint32_t hash, int32_t index)
-{
-    uint32_t i = hash & table->mask;
-    while (table->slots[i] != 0) {
-        i = (i + 1) & table->mask;
-    }
-    table->slots[i] = index + 1;
-    table->used++;
-}
-
-static void
-table_clear(IndexTable *table)
-{
-    PyMem_Free(table->slots);
-    table->slots = NULL;
-    table->mask = 0;
-    table->used = 0;
+    return table_hash(key, (uint32_t)parent);
 }
 
 static uint32_t
@@ -404,7 +325,7 @@ function_of(ProfilerObject *self, void *key, PyObject *source)
     if (found >= 0) {
         return found;
     }
-    if (table_reserve(table, self, function_hash) < 0
+    if (table_reserve(table, TABLE_QUARTERS, self, function_hash) < 0
         || grow((void **)&self->functions, &self->functions_capacity,
                 self->nfunctions, sizeof(Function)) < 0)
     {
@@ -467,7 +388,7 @@ find_or_make_child(ProfilerObject *self, int32_t parent, void *key,
     if (found >= 0) {
         return found;
     }
-    if (table_reserve(table, self, node_hash) < 0) {
+    if (table_reserve(table, TABLE_QUARTERS, self, node_hash) < 0) {
         return -1;
     }
     int32_t function = function_of(self, key, source);
@@ -772,7 +693,7 @@ records_code(ProfilerObject *self, PyCodeObject *code)
         }
     }
     PyErr_Clear();
-    if (table_reserve(table, self, verdict_hash) < 0
+    if (table_reserve(table, TABLE_QUARTERS, self, verdict_hash) < 0
         || grow((void **)&self->verdicts, &self->verdicts_capacity,
                 self->nverdicts, sizeof(Verdict)) < 0)
     {
@@ -808,7 +729,7 @@ static Py_NO_INLINE void
 add_localized(module_state *state, PyCodeObject *code)
 {
     IndexTable *table = &state->localized_table;
-    if (table_reserve(table, state, localized_hash) < 0
+    if (table_reserve(table, TABLE_QUARTERS, state, localized_hash) < 0
         || grow((void **)&state->localized, &state->localized_capacity,
                 state->nlocalized, sizeof(PyCodeObject *)) < 0)
     {
@@ -1431,7 +1352,7 @@ edge_of(Gathering *g, int32_t caller, int32_t callee)
     if (found >= 0) {
         return found;
     }
-    if (table_reserve(table, g, edge_hash) < 0
+    if (table_reserve(table, TABLE_QUARTERS, g, edge_hash) < 0
         || grow((void **)&g->edges, &g->edges_capacity, g->nedges,
                 sizeof(Edge)) < 0)
     {

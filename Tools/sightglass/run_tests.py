@@ -381,10 +381,12 @@ def main():
         regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
                  tally, workdir, where)
         regrtest(plain, "plain", slice_, ns.jobs, tally, workdir, where)
-        # Not test_viewers here: it tests the harness that loads files
-        # into the viewers (Node.js and Chromium), none of our C code.
+        # Not test_viewers here, nor the tests that load our files into
+        # the viewers: they test the harness and the viewers (Node.js and
+        # Chromium), none of our C code, and take minutes repeated.
+        no_viewers = where + ["--ignore", "*.ViewerTests.*"]
         leak_hunt(debug, sorted(set(mine) - {"test_viewers"}), ns.jobs,
-                  tally, where)
+                  tally, no_viewers)
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
         # Nor test_sightglass_build: it tests the Python tool that makes
@@ -392,7 +394,7 @@ def main():
         regrtest(sanitized, "sanitizers",
                  sorted(set(mine) - {"test_sightglass_build", "test_viewers"}
                         | set(SANITIZED_SLICE)),
-                 ns.jobs, tally, workdir, where, SANITIZER_ENV)
+                 ns.jobs, tally, workdir, no_viewers, SANITIZER_ENV)
 
     print()
     for name, why in KNOWN_HANGS.items():

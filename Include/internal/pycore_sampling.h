@@ -1,0 +1,45 @@
+#ifndef Py_INTERNAL_SAMPLING_H
+#define Py_INTERNAL_SAMPLING_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef Py_BUILD_CORE
+#  error "this header requires Py_BUILD_CORE define"
+#endif
+
+#include "pycore_atomic.h"        // _Py_atomic_int
+
+/* What the interpreter does for the sampling profiler
+   (Modules/_profiling/sampling.c), which runs in a thread of its own that
+   never takes the GIL.  It reads the frames of the threads that do not
+   hold the GIL itself, holding the GIL's mutex so that none of them can
+   take the GIL meanwhile.  The thread that holds the GIL it asks, through
+   the eval breaker, to record its own stack at its next check point: the
+   interpreter calls `answer` there.  And as the samples keep code objects
+   by address, `code_died` is told of each code object freed while a
+   sampler runs, before its names are gone. */
+
+struct _Py_sampling_hooks {
+    /* Set, with the interpreter's eval breaker, when a sample of the
+       thread holding the GIL is wanted. */
+    _Py_atomic_int request;
+    /* Set while a sampler runs. */
+    void (*answer)(PyThreadState *tstate);
+    void (*code_died)(PyCodeObject *code);
+    /* Counts the takes of the GIL, with the GIL's mutex held: a thread
+       without the GIL has the stack it had the last time the count was
+       the same. */
+    unsigned long gil_takes;
+};
+
+PyAPI_DATA(struct _Py_sampling_hooks) _PySampling;
+
+/* Called by the eval loop when the eval breaker is set and a request is
+   pending: records the stack of `tstate`, which holds the GIL. */
+extern void _PySampling_Answer(PyThreadState *tstate);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  /* !Py_INTERNAL_SAMPLING_H */

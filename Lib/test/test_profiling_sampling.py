@@ -1,0 +1,1015 @@
+"""Tests for profiling.sampling, the sampling profiler, and its engine.
+
+No test asserts a time or a rate: the accuracy tests give the sampler a
+fixed amount of work in known proportions and check the proportions."""
+
+import asyncio
+import contextlib
+import gc
+import json
+import marshal
+import os
+import pstats
+import signal
+import sysconfig
+import tempfile
+import textwrap
+import threading
+import time
+import unittest
+from test import support
+from test.support import os_helper
+from test.support import script_helper
+from test.support import threading_helper
+
+import _sampling
+import profiling.sampling
+from profiling.sampling import Sampler, STATUSES
+
+TRACKS_MEMORY = bool(sysconfig.get_config_var("Py_TRACK_MEMORY"))
+RUNNING, IN_C, WAITING_FOR_GIL, IDLE = STATUSES
+
+# A unit of work: about 5 ms in a release build, so a few hundred samples
+# at the rates used here for the work a test does.  Debug and sanitizer
+# builds are slower, and take more.
+UNIT = 100_000
+
+
+def work(units):
+    total = 0
+    for i in range(units * UNIT):
+        total += i
+    return total
+
+
+def one_share(units):
+    total = 0
+    for i in range(units * UNIT):
+        total += i
+    return total
+
+
+def three_shares(units):
+    total = 0
+    for i in range(units * UNIT):
+        total += i
+    return total
+
+
+def split_work(rounds):
+    for _ in range(rounds):
+        one_share(1)
+        three_shares(3)
+
+
+def recurse(depth, then):
+    if depth == 0:
+        return then()
+    return recurse(depth - 1, then)
+
+
+def long_c_call():
+    return sum(range(40 * UNIT))  # the C call
+
+
+def spinning_generator(units):
+    for _ in range(units):
+        work(1)
+        yield
+
+
+def consume_generator(units):
+    for _ in spinning_generator(units):
+        pass
+
+
+async def inner_coroutine(units):
+    await asyncio.sleep(0)
+    work(units)
+
+
+async def outer_coroutine(units):
+    await inner_coroutine(units)
+
+
+def sleeper(stop):
+    stop.wait()  # sleeps here
+
+
+@contextlib.contextmanager
+def sleeping_thread():
+    """A thread sleeping in sleeper() for the duration."""
+    stop = threading.Event()
+    thread = threading.Thread(target=sleeper, args=(stop,))
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join()
+
+
+def line_of(function, text):
+    """The line of `function`'s source holding `text`."""
+    import inspect
+    lines, first = inspect.getsourcelines(function)
+    for i, line in enumerate(lines):
+        if text in line:
+            return first + i
+    raise AssertionError(f"{text!r} not in {function.__name__}")
+
+
+def source_line(line):
+    with open(__file__, encoding="utf-8") as f:
+        return f.read().splitlines()[line - 1]
+
+
+def results(sampler):
+    """results(), with each sample's frames as dicts."""
+    r = sampler.results()
+    for sample in r["samples"]:
+        sample["stack"] = [r["frames"][i] for i in sample["frames"]]
+    return r
+
+
+def stack_names(sample):
+    """The functions' names (the last part of their qualified names)."""
+    return [f["name"].rpartition(".")[2] for f in sample["stack"]]
+
+
+class BadInputTests(unittest.TestCase):
+
+    def test_rates(self):
+        for rate in (0, -1, 0.0, 1e9, 100_001, float("nan"), float("inf")):
+            with self.subTest(rate=rate):
+                with self.assertRaisesRegex(ValueError, "rate must be"):
+                    Sampler(rate)
+        for rate in ("1000", True, None.__class__, [1]):
+            with self.subTest(rate=rate):
+                with self.assertRaisesRegex(TypeError, "rate must be"):
+                    Sampler(rate)
+        for interval in (0, 1e-6, 3601, -1, float("nan")):
+            with self.subTest(interval=interval):
+                with self.assertRaisesRegex(ValueError, "interval must be"):
+                    Sampler(interval=interval)
+        with self.assertRaisesRegex(TypeError, "rate or interval"):
+            Sampler(1000, interval=0.001)
+
+    def test_other_arguments(self):
+        with self.assertRaisesRegex(ValueError, "mode must be"):
+            Sampler(mode="process")
+        with self.assertRaisesRegex(ValueError, "all_threads or thread"):
+            Sampler(all_threads=True, thread=threading.get_ident())
+        with self.assertRaisesRegex(TypeError, "thread must be"):
+            Sampler(thread="main")
+        for memory_rate in (-1, 2000, float("nan")):
+            with self.subTest(memory_rate=memory_rate):
+                with self.assertRaisesRegex(ValueError, "memory_rate"):
+                    Sampler(1000, memory_rate=memory_rate)
+        with self.assertRaisesRegex(TypeError, "memory_rate"):
+            Sampler(memory_rate="often")
+
+    def test_engine_arguments(self):
+        with self.assertRaisesRegex(ValueError, "interval"):
+            _sampling.Sampler(0.0)
+        with self.assertRaisesRegex(ValueError, "mode"):
+            _sampling.Sampler(0.001, mode="gil")
+        with self.assertRaisesRegex(TypeError, "thread"):
+            _sampling.Sampler(0.001, thread=1.5)
+        with self.assertRaisesRegex(ValueError, "memory_interval"):
+            _sampling.Sampler(0.001, memory_interval=-1.0)
+        engine = _sampling.Sampler.__new__(_sampling.Sampler)
+        with self.assertRaisesRegex(RuntimeError, "not initialized"):
+            engine.start()
+
+    def test_one_sampler_at_a_time(self):
+        first = Sampler(1000)
+        second = Sampler(1000)
+        with first:
+            with self.assertRaisesRegex(RuntimeError, "already running"):
+                first.start()
+            with self.assertRaisesRegex(RuntimeError, "another sampler"):
+                second.start()
+            self.assertFalse(second.running)
+            self.assertTrue(first.running)
+            with self.assertRaisesRegex(RuntimeError, "running"):
+                first.results()
+        self.assertFalse(first.running)
+        with second:
+            work(1)
+        self.assertGreater(results(second)["total"], 0)
+
+    def test_stop_without_start(self):
+        sampler = Sampler(1000)
+        with self.assertRaisesRegex(RuntimeError, "not running"):
+            sampler.stop()
+        with self.assertRaisesRegex(RuntimeError, "has not run"):
+            sampler.results()
+        with sampler:
+            pass
+        with self.assertRaisesRegex(RuntimeError, "not running"):
+            sampler.stop()
+        engine = _sampling.Sampler(0.001)
+        with self.assertRaisesRegex(RuntimeError, "not running"):
+            engine.stop()
+
+    def test_unwritable_path(self):
+        sampler = Sampler(1000)
+        sampler.run(work, 1)
+        missing = os.path.join(tempfile.gettempdir(), "no such dir", "x")
+        for format in profiling.sampling.FORMATS:
+            with self.subTest(format=format):
+                with self.assertRaises(FileNotFoundError):
+                    sampler.dump(missing, format)
+        with self.assertRaisesRegex(ValueError, "format must be one of"):
+            sampler.dump(missing, "svg")
+        self.assertFalse(sampler.running)
+        # Nothing is left running: another sampler starts.
+        Sampler(1000).run(work, 1)
+
+    def test_reinitializing_a_running_engine(self):
+        engine = _sampling.Sampler(0.001)
+        engine.start()
+        try:
+            with self.assertRaisesRegex(RuntimeError, "reinitialize"):
+                engine.__init__(0.002)
+        finally:
+            engine.stop()
+
+
+class BasicTests(unittest.TestCase):
+
+    def test_run_returns_and_stops(self):
+        sampler = Sampler(2000)
+        self.assertEqual(sampler.run(work, 1), work(1))
+        self.assertFalse(sampler.running)
+        # Long enough for ticks on the busiest machine.
+        sampler.run(time.sleep, 0.05)
+        info = sampler.info()
+        self.assertGreater(info["taken"], 0)
+        self.assertGreater(info["samples"], 0)
+        self.assertEqual(info["rate"], 2000)
+        self.assertAlmostEqual(info["interval"], 0.0005)
+        self.assertLessEqual(info["taken"], info["ticks"] + 1)
+        self.assertGreaterEqual(info["missed_share"], 0)
+
+    def test_run_stops_on_exception(self):
+        sampler = Sampler(1000)
+        with self.assertRaises(ZeroDivisionError):
+            sampler.run(lambda: 1 / 0)
+        self.assertFalse(sampler.running)
+        # The last sample, at stop, is always there.
+        self.assertGreater(results(sampler)["total"], 0)
+
+    def test_last_sample_at_stop(self):
+        # Stopped at once, before the first tick: still one sample.
+        sampler = Sampler(interval=3600)
+        with sampler:
+            pass
+        r = results(sampler)
+        self.assertEqual(r["total"], 1)
+        [sample] = r["samples"]
+        self.assertEqual(sample["thread"], threading.get_ident())
+        self.assertIn("test_last_sample_at_stop", stack_names(sample))
+
+    def test_restart_drops_what_was_recorded(self):
+        sampler = Sampler(2000)
+        sampler.run(work, 1)
+        first = results(sampler)["total"]
+        sampler.run(lambda: None)
+        self.assertLess(results(sampler)["total"], first + 1)
+        self.assertNotIn("work", {
+            f["name"] for f in results(sampler)["frames"]})
+
+    def test_results_shape(self):
+        sampler = Sampler(2000, memory_rate=200)
+        sampler.run(work, 2)
+        r = results(sampler)
+        self.assertEqual(set(r), {
+            "interval", "start_time", "duration", "total", "frames",
+            "samples", "threads", "memory", "start_memory", "max_memory",
+            "end_memory"})
+        self.assertEqual(r["total"], sum(s["weight"] for s in r["samples"]))
+        for sample in r["samples"]:
+            self.assertIn(sample["status"], STATUSES)
+            self.assertGreater(sample["weight"], 0)
+            self.assertLessEqual(sample["time"], r["duration"] + 0.01)
+            for i in sample["frames"]:
+                self.assertLess(i, len(r["frames"]))
+        self.assertEqual(
+            [t["ident"] for t in r["threads"]], [threading.get_ident()])
+        self.assertEqual(r["threads"][0]["name"],
+                         threading.current_thread().name)
+        self.assertEqual(r["threads"][0]["native_id"],
+                         threading.get_native_id())
+        work_frames = [f for f in r["frames"] if f["name"] == "work"]
+        self.assertTrue(work_frames)
+        for frame in work_frames:
+            self.assertEqual(frame["file"], __file__)
+            self.assertEqual(frame["first_line"],
+                             work.__code__.co_firstlineno)
+        # Memory: the resident set, and the tracked bytes where counted.
+        self.assertGreaterEqual(len(r["memory"]), 2)
+        for m in r["memory"]:
+            self.assertGreater(m["rss"], 0)
+            if TRACKS_MEMORY:
+                self.assertGreater(m["tracked"], 0)
+            else:
+                self.assertIsNone(m["tracked"])
+        values = [m["tracked"] if TRACKS_MEMORY else m["rss"]
+                  for m in r["memory"]]
+        self.assertEqual(r["start_memory"], values[0])
+        self.assertEqual(r["max_memory"], max(values))
+        self.assertEqual(r["end_memory"], values[-1])
+        self.assertTrue(any(s["memory"] is not None for s in r["samples"]))
+
+    def test_no_memory_samples(self):
+        sampler = Sampler(1000, memory_rate=0)
+        sampler.run(work, 1)
+        r = results(sampler)
+        self.assertEqual(r["memory"], [])
+        self.assertIsNone(r["max_memory"])
+        self.assertTrue(all(s["memory"] is None for s in r["samples"]))
+
+    def test_repr(self):
+        sampler = Sampler(500, mode="cpu")
+        self.assertEqual(repr(sampler), "<Sampler 500 Hz cpu stopped>")
+
+    def test_consecutive_ticks_make_one_sample(self):
+        # A thread doing the same thing at consecutive ticks has one sample
+        # standing for them all.
+        with sleeping_thread() as thread:
+            sampler = Sampler(2000, thread=thread.ident)
+            sampler.run(work, 5)
+        r = results(sampler)
+        self.assertGreater(r["total"], 20)
+        # (At the first ticks it may still be on its way into wait().)
+        self.assertLessEqual(len(r["samples"]), 3)
+        self.assertGreater(r["samples"][-1]["weight"], r["total"] // 2)
+        self.assertEqual(sampler.info()["samples"], len(r["samples"]))
+
+
+class AccuracyTests(unittest.TestCase):
+
+    def test_split_of_work(self):
+        # one_share() and three_shares() run the same loop, one and three
+        # times as long: a quarter and three quarters of the time.
+        sampler = Sampler(4000)
+        sampler.run(split_work, 20)
+        own = {}
+        for sample in results(sampler)["samples"]:
+            names = stack_names(sample)
+            for name in ("one_share", "three_shares"):
+                if name in names:
+                    own[name] = own.get(name, 0) + sample["weight"]
+        total = own["one_share"] + own["three_shares"]
+        self.assertGreater(total, 100)
+        self.assertAlmostEqual(own["one_share"] / total, 0.25, delta=0.05)
+
+    def test_pstats_split(self):
+        sampler = Sampler(4000)
+        sampler.run(split_work, 20)
+        stats = pstats.Stats(sampler)
+        by_name = {func[2].rpartition(".")[2]: value
+                   for func, value in stats.stats.items()}
+        one, three = by_name["one_share"], by_name["three_shares"]
+        share = one[2] / (one[2] + three[2])
+        self.assertAlmostEqual(share, 0.25, delta=0.05)
+        # Cumulative time of the caller covers both.
+        split = by_name["split_work"]
+        self.assertGreaterEqual(split[3] + 1e-9, one[3] + three[3])
+        self.assertEqual(set(one[4]), {
+            (__file__, split_work.__code__.co_firstlineno, "split_work")})
+        self.assertEqual(one[4][(__file__, split_work.__code__.co_firstlineno,
+                                 "split_work")][3], one[3])
+
+    def test_sleeping_thread_wall_and_cpu(self):
+        def sampled(mode):
+            with sleeping_thread() as thread:
+                sampler = Sampler(2000, mode=mode, all_threads=True)
+                sampler.run(work, 5)
+            r = results(sampler)
+            return [s for s in r["samples"] if s["thread"] == thread.ident]
+
+        wall = sampled("wall")
+        self.assertTrue(wall)
+        for sample in wall:
+            self.assertEqual(sample["status"], IDLE)
+            self.assertEqual(stack_names(sample)[-3:],
+                             ["sleeper", "wait", "wait"])
+        self.assertEqual(
+            wall[-1]["stack"][-3]["line"],
+            line_of(sleeper, "sleeps here"))
+        cpu = sampled("cpu")
+        self.assertEqual(
+            [s for s in cpu if "sleeper" in stack_names(s)], [])
+
+    def test_cpu_mode_samples_the_working_thread(self):
+        sampler = Sampler(2000, mode="cpu")
+        sampler.run(work, 5)
+        names = {n for s in results(sampler)["samples"]
+                 for n in stack_names(s)}
+        self.assertIn("work", names)
+
+    def test_long_c_call_is_in_c_at_its_line(self):
+        sampler = Sampler(5000)
+        sampler.run(lambda: [long_c_call() for _ in range(3)])
+        line = line_of(long_c_call, "the C call")
+        in_c = [s for s in results(sampler)["samples"]
+                if s["status"] == IN_C and s["stack"]
+                and s["stack"][-1]["name"] == "long_c_call"]
+        self.assertTrue(in_c)
+        for sample in in_c:
+            frame = sample["stack"][-1]
+            self.assertEqual(frame["line"], line)
+            # The call's columns: sum(...).
+            source = source_line(line)
+            self.assertEqual(
+                source[frame["column"]:frame["end_column"]],
+                "sum(range(40 * UNIT))")
+
+    def test_lines_of_a_thread_read_directly(self):
+        # A thread not holding the GIL is read as it is: the line and
+        # columns of the call it is blocked in.
+        with sleeping_thread() as thread:
+            sampler = Sampler(2000, thread=thread.ident)
+            sampler.run(work, 2)
+        r = results(sampler)
+        self.assertEqual({s["thread"] for s in r["samples"]}, {thread.ident})
+        frame = [f for f in r["samples"][0]["stack"]
+                 if f["name"] == "sleeper"][0]
+        line = line_of(sleeper, "sleeps here")
+        self.assertEqual(frame["line"], line)
+        self.assertEqual(frame["end_line"], line)
+        source = source_line(line)
+        self.assertEqual(source[frame["column"]:frame["end_column"]],
+                         "stop.wait()")
+
+    def test_waiting_for_the_gil(self):
+        def spin():
+            work(8)
+        sampler = Sampler(2000, all_threads=True)
+        with sampler:
+            threads = [threading.Thread(target=spin) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        statuses = {s["status"] for s in results(sampler)["samples"]
+                    if "spin" in stack_names(s)}
+        self.assertIn(WAITING_FOR_GIL, statuses)
+        self.assertIn(RUNNING, statuses)
+
+
+class StackTests(unittest.TestCase):
+
+    def samples_with(self, name, sampler):
+        return [s for s in results(sampler)["samples"]
+                if name in stack_names(s)]
+
+    def test_generator(self):
+        sampler = Sampler(4000)
+        sampler.run(consume_generator, 10)
+        samples = self.samples_with("work", sampler)
+        self.assertTrue(samples)
+        for sample in samples:
+            names = stack_names(sample)
+            self.assertEqual(names[-3:], ["consume_generator",
+                                          "spinning_generator", "work"])
+
+    def test_coroutine(self):
+        self.addCleanup(asyncio.set_event_loop_policy, None)
+        sampler = Sampler(4000)
+        sampler.run(asyncio.run, outer_coroutine(10))
+        samples = self.samples_with("work", sampler)
+        self.assertTrue(samples)
+        for sample in samples:
+            names = stack_names(sample)
+            self.assertEqual(names[-3:], ["outer_coroutine",
+                                          "inner_coroutine", "work"])
+
+    def test_deep_recursion(self):
+        depth = 10_000
+        with support.infinite_recursion(depth + 1000):
+            sampler = Sampler(2000)
+            sampler.run(recurse, depth, lambda: work(5))
+        samples = self.samples_with("work", sampler)
+        self.assertTrue(samples)
+        for sample in samples:
+            names = stack_names(sample)
+            self.assertEqual(names.count("recurse"), depth + 1)
+            self.assertEqual(names[-1], "work")
+
+    def test_threads(self):
+        def first():
+            work(4)
+
+        def second():
+            work(4)
+
+        sampler = Sampler(2000, all_threads=True)
+        with sampler:
+            threads = [threading.Thread(target=f, name=f.__name__)
+                       for f in (first, second)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        r = results(sampler)
+        names = {t["ident"]: t["name"] for t in r["threads"]}
+        seen = {}
+        for sample in r["samples"]:
+            for function in ("first", "second"):
+                if function in stack_names(sample):
+                    seen.setdefault(names[sample["thread"]], set()).add(
+                        function)
+        self.assertEqual(seen, {"first": {"first"}, "second": {"second"}})
+
+    def test_one_given_thread(self):
+        def other():
+            work(4)
+        thread = threading.Thread(target=other)
+        sampler = Sampler(2000, thread=threading.get_ident())
+        with sampler:
+            thread.start()
+            thread.join()
+        self.assertEqual({s["thread"] for s in results(sampler)["samples"]},
+                         {threading.get_ident()})
+
+    def test_code_freed_while_sampling(self):
+        # Code objects sampled and freed while the sampler runs keep their
+        # names, and a code object made at a freed one's address is not
+        # taken for it.
+        sampler = Sampler(5000)
+        with sampler:
+            for k in range(20):
+                namespace = {"work": work}
+                exec(compile(f"def fn_{k}():\n    work(1)\n",
+                             f"<generated {k}>", "exec"), namespace)
+                namespace[f"fn_{k}"]()
+                del namespace
+                gc.collect()
+        names = set()
+        for frame in results(sampler)["frames"]:
+            if frame["name"].startswith("fn_"):
+                names.add(frame["name"])
+                self.assertEqual(frame["file"],
+                                 f"<generated {frame['name'][3:]}>")
+                # At its start (the def line), or at the call.
+                self.assertIn(frame["line"], (1, 2))
+        self.assertGreater(len(names), 10)
+
+
+class StressTests(unittest.TestCase):
+
+    @threading_helper.requires_working_threading()
+    def test_highest_rate_over_threads_coming_and_going(self):
+        stop = threading.Event()
+
+        def short_lived(depth):
+            recurse(depth, lambda: work(0) if depth % 2 else time.sleep(0))
+
+        def spawner():
+            n = 0
+            while not stop.is_set():
+                threads = [threading.Thread(target=short_lived,
+                                            args=(n % 50 + i,))
+                           for i in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                n += 1
+
+        spawners = [threading.Thread(target=spawner) for _ in range(2)]
+        sampler = Sampler(profiling.sampling.MAX_RATE, all_threads=True,
+                          memory_rate=1000)
+        with sampler:
+            for t in spawners:
+                t.start()
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                recurse(200, lambda: work(1))
+            stop.set()
+            for t in spawners:
+                t.join()
+        r = results(sampler)
+        self.assertGreater(len(r["threads"]), 8)
+        idents = {t["ident"] for t in r["threads"]}
+        for sample in r["samples"]:
+            self.assertIn(sample["thread"], idents)
+            names = stack_names(sample)
+            if "short_lived" in names[:-1]:
+                self.assertEqual(names[names.index("short_lived") + 1],
+                                 "recurse")
+
+    def test_start_stop_repeatedly_from_threads(self):
+        errors = []
+
+        def worker():
+            for _ in range(50):
+                try:
+                    with Sampler(profiling.sampling.MAX_RATE,
+                                 all_threads=True):
+                        work(0)
+                except RuntimeError as exc:
+                    # Another thread's sampler runs.
+                    if "another sampler" not in str(exc):
+                        errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+
+
+class ProcessTests(unittest.TestCase):
+
+    @support.requires_fork()
+    def test_fork(self):
+        sampler = Sampler(5000, all_threads=True)
+        sampler.start()
+        work(1)
+        pid = os.fork()
+        if pid == 0:
+            status = 0
+            try:
+                # The child has no sampler running, keeps what was
+                # recorded before, and can sample again.
+                if sampler.running:
+                    status = 1
+                elif not sampler.results()["samples"]:
+                    status = 2
+                else:
+                    other = Sampler(5000)
+                    other.run(work, 1)
+                    if "work" not in {f["name"]
+                                      for f in other.results()["frames"]}:
+                        status = 3
+            except BaseException:
+                status = 4
+            os._exit(status)
+        work(1)
+        sampler.stop()
+        support.wait_process(pid, exitcode=0)
+        self.assertIn("work", {f["name"] for f in results(sampler)["frames"]})
+
+    def test_signals_and_blocking_calls(self):
+        # The sampler sends no signal: blocking calls are not interrupted,
+        # and the program's own handlers run as they would.
+        received = []
+        old = signal.signal(signal.SIGUSR1,
+                            lambda *args: received.append(args[0]))
+        self.addCleanup(signal.signal, signal.SIGUSR1, old)
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        self.addCleanup(os.close, w)
+
+        def later():
+            time.sleep(0.2)
+            os.write(w, b"x")
+
+        writer = threading.Thread(target=later)
+        with Sampler(profiling.sampling.MAX_RATE, all_threads=True):
+            writer.start()
+            self.assertEqual(os.read(r, 1), b"x")
+            time.sleep(0.05)
+            signal.raise_signal(signal.SIGUSR1)
+            writer.join()
+        self.assertEqual(received, [signal.SIGUSR1])
+
+    def test_sampler_left_running_at_exit(self):
+        code = textwrap.dedent("""
+            import profiling.sampling
+            s = profiling.sampling.Sampler(10000, all_threads=True)
+            s.start()
+            sum(range(100000))
+        """)
+        script_helper.assert_python_ok("-c", code)
+
+
+class Recorded(unittest.TestCase):
+    """A profile of two threads, the main one splitting its work."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sampler = Sampler(4000, memory_rate=100, all_threads=True)
+        with cls.sampler:
+            thread = threading.Thread(target=work, args=(5,),
+                                      name="worker")
+            thread.start()
+            split_work(5)
+            thread.join()
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(os_helper.rmtree, self.tmp)
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+
+class ExportTests(Recorded):
+
+    def test_pstats_file(self):
+        self.sampler.dump_stats(self.path("p.prof"))
+        stats = pstats.Stats(self.path("p.prof"))
+        names = {func[2] for func in stats.stats}
+        self.assertLessEqual({"split_work", "one_share", "three_shares"},
+                             names)
+        with open(self.path("p.prof"), "rb") as f:
+            self.assertEqual(marshal.load(f), stats.stats)
+
+    def test_pstats_callers_and_callees(self):
+        import io
+        out = io.StringIO()
+        stats = pstats.Stats(self.sampler, stream=out)
+        stats.sort_stats("cumulative").print_callees("split_work")
+        stats.print_callers("one_share")
+        text = out.getvalue()
+        self.assertIn("one_share", text)
+        self.assertIn("three_shares", text)
+
+    def test_print_stats(self):
+        import io
+        out = io.StringIO()
+        self.sampler.print_stats("cumtime", 5, file=out)
+        lines = out.getvalue().splitlines()
+        self.assertIn("samples of 2 threads", lines[0])
+        self.assertEqual(len(lines), 3 + 5)
+        with self.assertRaisesRegex(ValueError, "sort must be"):
+            self.sampler.print_stats("calls")
+
+    def test_collapsed(self):
+        self.sampler.dump_collapsed(self.path("c.txt"))
+        total = 0
+        with open(self.path("c.txt"), encoding="utf-8") as f:
+            for line in f:
+                stack, _, count = line.rstrip("\n").rpartition(" ")
+                total += int(count)
+                frames = stack.split(";")
+                self.assertTrue(frames[0].startswith("thread "))
+        self.assertEqual(total, results(self.sampler)["total"])
+
+    def test_speedscope(self):
+        self.sampler.dump_speedscope(self.path("s.json"))
+        with open(self.path("s.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        names = {p["name"] for p in data["profiles"]}
+        self.assertEqual(names, {"thread MainThread", "thread worker"})
+        for profile in data["profiles"]:
+            self.assertEqual(profile["type"], "sampled")
+            self.assertEqual(len(profile["samples"]),
+                             len(profile["weights"]))
+
+    def test_cpuprofile(self):
+        self.sampler.dump_cpuprofile(self.path("p.cpuprofile"))
+        with open(self.path("p.cpuprofile"), encoding="utf-8") as f:
+            profile = json.load(f)
+        nodes = {n["id"]: n for n in profile["nodes"]}
+        self.assertEqual(profile["nodes"][0]["callFrame"]["functionName"],
+                         "(root)")
+        self.assertEqual(len(profile["samples"]),
+                         len(profile["timeDeltas"]))
+        self.assertEqual(sum(n["hitCount"] for n in nodes.values()),
+                         len(profile["samples"]))
+        for node in nodes.values():
+            for child in node["children"]:
+                self.assertIn(child, nodes)
+        names = {n["callFrame"]["functionName"] for n in nodes.values()}
+        self.assertLessEqual({"split_work", "one_share", "three_shares"},
+                             names)
+        self.assertNotIn("worker", names)
+        one = [n for n in nodes.values()
+               if n["callFrame"]["functionName"] == "one_share"]
+        self.assertEqual(one[0]["callFrame"]["lineNumber"],
+                         one_share.__code__.co_firstlineno - 1)
+        lines = {t["line"] for n in one for t in n.get("positionTicks", ())}
+        self.assertTrue(lines)
+        self.assertLessEqual(lines, set(range(
+            one_share.__code__.co_firstlineno,
+            one_share.__code__.co_firstlineno + 5)))
+        self.assertTrue(all(d >= 0 for d in profile["timeDeltas"]))
+        self.assertGreaterEqual(profile["endTime"], profile["startTime"])
+        # Another thread's.
+        worker = [t for t in self.sampler.threads() if t[2] == "worker"][0]
+        self.sampler.dump_cpuprofile(self.path("w.cpuprofile"), worker[0])
+        with open(self.path("w.cpuprofile"), encoding="utf-8") as f:
+            names = {n["callFrame"]["functionName"]
+                     for n in json.load(f)["nodes"]}
+        self.assertIn("work", names)
+        self.assertNotIn("split_work", names)
+        with self.assertRaisesRegex(ValueError, "no thread"):
+            self.sampler.dump_cpuprofile(self.path("x"), 12345)
+
+    def test_gecko(self):
+        self.sampler.dump_gecko(self.path("g.json"))
+        with open(self.path("g.json"), encoding="utf-8") as f:
+            profile = json.load(f)
+        meta = profile["meta"]
+        self.assertEqual(meta["interval"], 0.25)
+        self.assertEqual(len(profile["threads"]), 2)
+        ticks = 0
+        for thread in profile["threads"]:
+            self.assertEqual(thread["pid"], os.getpid())
+            strings = thread["stringTable"]
+            frames = thread["frameTable"]["data"]
+            stacks = thread["stackTable"]["data"]
+            for prefix, frame in stacks:
+                self.assertTrue(prefix is None or prefix < len(stacks))
+                self.assertLess(frame, len(frames))
+            for frame in frames:
+                self.assertLess(frame[0], len(strings))
+                self.assertEqual(len(frame), 8)
+            times = [s[1] for s in thread["samples"]["data"]]
+            self.assertEqual(times, sorted(times))
+            ticks += len(times)
+        self.assertEqual(ticks, results(self.sampler)["total"])
+        main = [t for t in profile["threads"] if t["name"] == "MainThread"]
+        self.assertEqual(main[0]["tid"], threading.main_thread().native_id)
+        locations = set(main[0]["stringTable"])
+        self.assertIn(f"one_share ({__file__}:"
+                      f"{one_share.__code__.co_firstlineno})", locations)
+        [counter] = profile["counters"]
+        self.assertEqual(counter["name"], "Memory")
+        self.assertGreater(sum(p[1] for p in counter["samples"]["data"]), 0)
+
+    def test_flamegraph(self):
+        self.sampler.dump_flamegraph(self.path("f.html"))
+        with open(self.path("f.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertTrue(page.startswith("<!DOCTYPE html>"))
+        self.assertNotIn("http://", page.replace(
+            "https://www.speedscope.app", ""))
+        self.assertNotIn("src=", page)
+        self.assertIn("three_shares", page)
+
+    def test_flamegraph_escapes_names(self):
+        namespace = {"work": work}
+        exec("def f():\n    work(1)\n", namespace)
+        namespace["f"].__code__ = namespace["f"].__code__.replace(
+            co_name="</script><!--", co_qualname="</script><!--")
+        sampler = Sampler(4000)
+        sampler.run(namespace["f"])
+        sampler.dump_flamegraph(self.path("e.html"))
+        with open(self.path("e.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertEqual(page.count("</script>"), 2)
+
+
+class ViewerTests(Recorded):
+    """The files, loaded by the viewers' own code (test.support.viewers)."""
+
+    def shown_in_speedscope(self, path):
+        from test.support import viewers
+        shown = viewers.speedscope_import(path)
+        return {p["name"]: {f["name"] for f in p["frames"]}
+                for p in shown["profiles"]}
+
+    def test_speedscope_in_speedscope(self):
+        self.sampler.dump_speedscope(self.path("s.json"))
+        shown = self.shown_in_speedscope(self.path("s.json"))
+        self.assertEqual(set(shown), {"thread MainThread", "thread worker"})
+        self.assertLessEqual({"split_work", "one_share", "three_shares"},
+                             shown["thread MainThread"])
+        self.assertIn("work", shown["thread worker"])
+        # The two threads took turns with the GIL.
+        self.assertIn("<waiting for the GIL>",
+                      shown["thread MainThread"] | shown["thread worker"])
+
+    def test_cpuprofile_in_speedscope(self):
+        self.sampler.dump_cpuprofile(self.path("p.cpuprofile"))
+        [frames] = self.shown_in_speedscope(
+            self.path("p.cpuprofile")).values()
+        self.assertLessEqual({"split_work", "one_share", "three_shares"},
+                             frames)
+
+    def test_collapsed_in_speedscope(self):
+        self.sampler.dump_collapsed(self.path("c.txt"))
+        [frames] = self.shown_in_speedscope(self.path("c.txt")).values()
+        self.assertIn("thread worker", frames)
+        self.assertIn(f"three_shares ({__file__}:"
+                      f"{three_shares.__code__.co_firstlineno})", frames)
+
+    def test_cpuprofile_in_devtools(self):
+        from test.support import viewers
+        self.sampler.dump_cpuprofile(self.path("p.cpuprofile"))
+        shown = viewers.devtools_cpuprofile(self.path("p.cpuprofile"))
+        self.assertLessEqual({"split_work", "one_share", "three_shares"},
+                             set(shown["function_names"]))
+
+    def test_flamegraph_in_chromium(self):
+        from test.support import viewers
+        self.sampler.dump_flamegraph(self.path("f.html"))
+        shown = viewers.html_page(self.path("f.html"), wait_for=".frame")
+        self.assertEqual(shown["title"], "profiling.sampling")
+        self.assertIn("samples", shown["text"])
+        # The menu of threads, and the graph of the first.
+        self.assertIn("MainThread", shown["text"])
+        self.assertIn("worker", shown["text"])
+        self.assertIn("three_shares", shown["text"])
+
+
+class CommandLineTests(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(os_helper.rmtree, self.tmp)
+        self.script = os.path.join(self.tmp, "prog.py")
+        with open(self.script, "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent("""
+                import sys
+                def busy():
+                    return sum(i * i for i in range(300_000))
+                def main():
+                    for _ in range(3):
+                        busy()
+                    print("program output", sys.argv[1:])
+                main()
+                sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
+            """))
+
+    def run_cli(self, *args, exit=0, isolated=True):
+        result = script_helper.run_python_until_end(
+            "-m", "profiling.sampling", "run", *args, __cwd=self.tmp,
+            __isolated=isolated)
+        result = result[0]
+        self.assertEqual(result.rc, exit, result.err.decode())
+        return result.out.decode(), result.err.decode()
+
+    def test_table_by_default(self):
+        out, err = self.run_cli("-r", "5khz", self.script, "0")
+        self.assertTrue(out.startswith("program output ['0']\n"), out)
+        self.assertIn("own%", out)
+        self.assertIn("busy (prog.py:3)", out)
+        self.assertRegex(err, r"profiling.sampling: [\d,]+ ticks in ")
+
+    def test_exit_status_is_the_programs(self):
+        out, err = self.run_cli(self.script, "3", exit=3)
+        self.assertIn("program output ['3']", out)
+
+    def test_formats(self):
+        for option in ("--format=speedscope", "--collapsed", "--gecko",
+                       "--flamegraph", "--pstats", "--format=cpuprofile"):
+            with self.subTest(option=option):
+                path = os.path.join(self.tmp, "out")
+                out, err = self.run_cli(option, "-o", path, self.script)
+                self.assertEqual(out, "program output []\n")
+                self.assertIn("written to " + path, err)
+                with open(path, "rb") as f:
+                    content = f.read()
+                if option == "--pstats":
+                    self.assertIn("busy", {
+                        func[2] for func in marshal.loads(content)})
+                else:
+                    self.assertIn(b"busy", content)
+
+    def test_default_file_names(self):
+        out, err = self.run_cli("--collapsed", self.script)
+        [name] = [n for n in os.listdir(self.tmp)
+                  if n.startswith("collapsed.")]
+        self.assertRegex(name, r"collapsed\.\d+\.txt")
+
+    def test_module(self):
+        os.mkdir(os.path.join(self.tmp, "pkg"))
+        with open(os.path.join(self.tmp, "pkg", "__init__.py"), "w"):
+            pass
+        os.rename(self.script, os.path.join(self.tmp, "pkg", "prog.py"))
+        # As python -m does, the module is found from the current
+        # directory.
+        out, err = self.run_cli("-a", "--mode", "cpu", "-m", "pkg.prog",
+                                "0", isolated=False)
+        self.assertIn("program output ['0']", out)
+        self.assertIn("busy (prog.py:3)", out)
+
+    def test_duration(self):
+        with open(self.script, "w", encoding="utf-8") as f:
+            f.write("import time\nfor _ in range(100):\n"
+                    "    time.sleep(0.01)\nprint('done')\n")
+        out, err = self.run_cli("-d", "0.2", "-s", "cumtime", self.script)
+        # The table is printed when sampling stops, before the program
+        # ends.
+        self.assertLess(out.index("own%"), out.index("done"))
+
+    def test_bad_arguments(self):
+        for args, message in (
+                (["-r", "0", self.script], "the rate must be"),
+                (["-r", "fast", self.script], "not a rate"),
+                (["-r", "200khz", self.script], "at most"),
+                (["--format", "svg", self.script], "invalid choice"),
+                (["--mode", "gil", self.script], "invalid choice"),
+                (["-d", "-1", self.script], "not a duration"),
+                (["-o", os.path.join(self.tmp, "no", "such"), self.script],
+                 "cannot write"),
+                ([os.path.join(self.tmp, "missing.py")], "cannot read"),
+                (["--collapsed", "--gecko", self.script], "not allowed")):
+            with self.subTest(args=args):
+                out, err = self.run_cli(*args, exit=2)
+                self.assertIn(message, err)
+                self.assertNotIn("program output", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,1708 @@
+/* The sampling profiler behind profiling.sampling: the _sampling module.
+
+   A thread of its own (a C thread: it never takes the GIL and runs no
+   Python code) wakes at absolute deadlines, every interval.  At each
+   tick it takes a sample of the threads it watches:
+
+   - a thread that does not hold the GIL cannot run Python code, nor
+     change its frames, until it takes the GIL.  The sampler holds the
+     GIL's mutex while it reads their frames, so that none can take the
+     GIL meanwhile: every read is of frames that stay as they are, in
+     memory that stays valid, with no copy that may fault and no signal.
+     While no thread has taken the GIL since, a thread's stack is the one
+     read last time, and is not read again;
+   - the thread that holds the GIL runs on.  The sampler asks it, through
+     the eval breaker, to record its own stack at its next check point
+     (a loop's jump back, a call, a function's start: within a few
+     bytecodes).  A long call of C code delays it: the ticks that pass
+     meanwhile are weight of its answer, marked "in C".  If it leaves the
+     GIL before it answers, the sampler reads its stack at the next tick.
+
+   Stacks are kept as code objects and code units, interned in a tree
+   (a node per frame, keyed by its parent, its code and its unit), and a
+   sample is its tick, its thread, its status and weight, and its leaf:
+   12 bytes; a thread found the same at consecutive ticks adds them to
+   its last sample.  Code objects are kept by address, not by reference
+   (the sampler may not touch reference counts): the interpreter tells
+   the sampler of each code object freed while it runs, and the nodes of
+   that code take its names and lines then, and are not found again; at
+   the end the nodes of the code still alive take theirs.  Nothing names
+   a freed object.
+
+   Only one sampler runs at a time.  A forked child keeps no running
+   sampler: the thread is not in the child, and the sampler is stopped
+   there. */
+
+#ifndef Py_BUILD_CORE_BUILTIN
+#  define Py_BUILD_CORE_MODULE 1
+#endif
+
+#include "Python.h"
+#include "pycore_code.h"          // _PyCode_CODE()
+#include "pycore_frame.h"         // _PyInterpreterFrame
+#include "pycore_interp.h"        // PyInterpreterState.threads
+#include "pycore_memtrack.h"      // _PyMemTrack_TotalBytes()
+#include "pycore_pystate.h"       // _PyThreadState_GET()
+#include "pycore_runtime.h"       // _PyRuntime
+#include "pycore_sampling.h"      // _PySampling
+#include "table.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#  include <sched.h>
+#  include <sys/prctl.h>
+#  include <sys/resource.h>
+#  include <sys/syscall.h>
+#endif
+
+/* What a thread was doing at a sample. */
+enum {
+    STATUS_RUNNING,     /* running bytecode, holding the GIL */
+    STATUS_IN_C,        /* holding the GIL in C code (a late answer), or
+                           using the CPU in C without it (cpu mode) */
+    STATUS_GIL,         /* waiting for the GIL */
+    STATUS_IDLE,        /* none of these: blocked, or off the CPU */
+    STATUSES
+};
+
+static const char *const status_names[STATUSES] = {
+    [STATUS_RUNNING] = "running",
+    [STATUS_IN_C] = "in C",
+    [STATUS_GIL] = "waiting for the GIL",
+    [STATUS_IDLE] = "idle",
+};
+
+/* Above this rate the sampler thread waits for its deadlines awake: waking
+   from a sleep takes about as long as the interval. */
+#define SLEEPLESS_NS 50000
+/* How long a tick tries for the GIL's mutex before it does without. */
+#define GIL_MUTEX_TRIES 1000
+
+/* Stacks deeper than this are cut at their outermost frames. */
+#define MAX_DEPTH 65536
+/* A sample's weight: ticks, in the bits above its status. */
+#define WEIGHT_SHIFT 2
+#define MAX_WEIGHT ((1 << (16 - WEIGHT_SHIFT)) - 1)
+
+/* A frame: a code unit of a code object, called from its parent. */
+typedef struct {
+    int32_t parent;
+    int32_t code;            /* in SamplerObject.codes */
+    int32_t unit;
+    int32_t next_of_code;    /* the next node of the same code */
+} StackNode;
+
+/* Where a node's unit is in the source, once resolved (-1 unknown). */
+typedef struct {
+    int lineno, end_lineno, col, end_col;
+} NodeLines;
+
+typedef struct {
+    uint32_t tick;
+    int32_t node;            /* the innermost frame, or -1 */
+    uint16_t thread;
+    uint16_t weight_status;
+} Sample;
+
+typedef struct {
+    uint32_t tick;
+    int64_t rss;
+    int64_t tracked;         /* -1 without memory tracking */
+} MemorySample;
+
+/* A frame of the path of a thread's stack interned last. */
+typedef struct {
+    PyCodeObject *code;
+    int32_t unit;
+    int32_t node;
+} PathEntry;
+
+typedef struct {
+    uint64_t id;             /* PyThreadState.id */
+    unsigned long ident;
+    unsigned long native_id;
+    clockid_t cpu_clock;
+    int has_cpu_clock;
+    int64_t cpu_ns;          /* its CPU time at the last look */
+    Py_ssize_t last_sample;  /* its latest sample, or -1 */
+    /* Ticks it was not read at (the GIL's mutex was busy): weight of the
+       next look. */
+    uint32_t owed;
+    /* The leaf read at the last look, while no thread has taken the GIL
+       since: a thread that has not taken it has the same stack. */
+    int32_t cached_node;
+    int cached;
+    unsigned long cached_takes;
+    /* The path interned last, outermost first, while no code object with
+       nodes has died since (the epoch). */
+    PathEntry *path;
+    int32_t path_depth, path_capacity;
+    uint64_t path_epoch;
+} ThreadInfo;
+
+/* A code object with nodes.  By address, not by reference: while the
+   sampler runs, the entry of a code object that is freed is resolved then,
+   and retired (never matched again): a code object made at the same
+   address has another.  At stop, all are. */
+typedef struct {
+    PyCodeObject *code;
+    int32_t first_node;
+    int retired;
+    /* Once resolved: references to its names. */
+    PyObject *name;
+    PyObject *filename;
+    int firstlineno;
+} CodeEntry;
+
+typedef struct {
+    PyObject_HEAD
+    /* The configuration. */
+    int64_t interval_ns;
+    int cpu_mode;
+    int all_threads;
+    unsigned long only_ident;     /* unless all_threads */
+    uint32_t memory_every;        /* ticks; 0 for none */
+
+    /* The store, guarded by `lock` while the sampler thread runs. */
+    pthread_mutex_t lock;
+    StackNode *nodes;
+    int32_t nnodes, nodes_capacity;
+    /* Made when a code object is resolved: for the nodes made so far. */
+    NodeLines *lines;
+    int32_t lines_capacity;
+    IndexTable node_table;
+    CodeEntry *codes;
+    int32_t ncodes, codes_capacity;
+    IndexTable code_table;
+    Sample *samples;
+    Py_ssize_t nsamples, samples_capacity;
+    MemorySample *memory;
+    Py_ssize_t nmemory, memory_capacity;
+    ThreadInfo *threads;
+    int32_t nthreads, threads_capacity;
+    int out_of_memory;
+    /* Counts the deaths of code objects with nodes. */
+    uint64_t epoch;
+
+    /* The thread holding the GIL is asked for its stack. */
+    struct {
+        int pending;
+        uint64_t tstate_id;
+        uint32_t tick;
+        uint32_t weight;
+        uint32_t late;       /* ticks since, still unanswered */
+    } request;
+
+    /* The sampler thread. */
+    PyInterpreterState *interp;
+    pthread_t thread;
+    int running;             /* started and not stopped */
+    int forked;              /* stopped by a fork, not yet retired */
+    _Py_atomic_int stop_asked;
+    pthread_mutex_t wake_lock;
+    pthread_cond_t wake;
+    int64_t start_ns;
+    int64_t stop_ns;
+    uint64_t ticks_taken;    /* ticks the sampler woke for */
+    uint64_t ticks_missed;   /* ticks it was late for, or lost */
+    uint32_t last_tick;
+    int statm;               /* /proc/self/statm, or -1 */
+} SamplerObject;
+
+/* The sampler running, if any: the hooks serve it. */
+static SamplerObject *active;
+
+/*[clinic input]
+module _sampling
+class _sampling.Sampler "SamplerObject *" "&PyBaseObject_Type"
+[clinic start generated code]*/
+/*[clinic end generated code: output=da39a3ee5e6b4b0d input=6b6dca4e9d9e21c7]*/
+
+#include "clinic/sampling.c.h"
+
+
+/* Time */
+
+static int64_t
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+
+/* The store.  Every function here runs with `lock` held, or with the
+   sampler thread stopped. */
+
+static int
+grow(void **array, Py_ssize_t *capacity, Py_ssize_t count, size_t item)
+{
+    if (count < *capacity) {
+        return 0;
+    }
+    Py_ssize_t wanted = *capacity ? *capacity * 2 : 64;
+    if ((size_t)wanted > PY_SSIZE_T_MAX / item) {
+        return -1;
+    }
+    /* The raw domain: the sampler thread has no GIL. */
+    void *bigger = PyMem_RawRealloc(*array, (size_t)wanted * item);
+    if (bigger == NULL) {
+        return -1;
+    }
+    *array = bigger;
+    *capacity = wanted;
+    return 0;
+}
+
+static int
+grow32(void **array, int32_t *capacity, int32_t count, size_t item)
+{
+    Py_ssize_t c = *capacity;
+    if (c > INT32_MAX / 2) {
+        return count < *capacity ? 0 : -1;
+    }
+    int err = grow(array, &c, count, item);
+    *capacity = (int32_t)c;
+    return err;
+}
+
+/* The tables are kept at most three quarters full (table.h): the store
+   is small, and a lookup of a stack read is rare beside one taken from a
+   thread's last path. */
+#define TABLE_QUARTERS 3
+
+static inline uint32_t
+frame_hash(PyCodeObject *code, int32_t parent, int32_t unit)
+{
+    return table_hash(code, ((uint64_t)(uint32_t)parent << 32)
+                              | (uint32_t)unit);
+}
+
+static uint32_t
+node_hash(void *owner, int32_t index)
+{
+    SamplerObject *self = owner;
+    StackNode *node = &self->nodes[index];
+    return frame_hash(self->codes[node->code].code, node->parent,
+                      node->unit);
+}
+
+static uint32_t
+code_hash(void *owner, int32_t index)
+{
+    return table_hash(((SamplerObject *)owner)->codes[index].code, 0);
+}
+
+static inline int
+is_live_code(void *owner, int32_t index, const void *code)
+{
+    CodeEntry *entry = &((SamplerObject *)owner)->codes[index];
+    return entry->code == code && !entry->retired;
+}
+
+/* The index of the entry of `code`, a live code object, or -1. */
+static int32_t
+find_code(SamplerObject *self, PyCodeObject *code)
+{
+    return table_find(&self->code_table, table_hash(code, 0), self, code,
+                      is_live_code);
+}
+
+/* The index of the entry of `code`, made if need be; -1 when out of
+   memory. */
+static int32_t
+code_entry(SamplerObject *self, PyCodeObject *code)
+{
+    int32_t index = find_code(self, code);
+    if (index >= 0) {
+        return index;
+    }
+    if (table_reserve(&self->code_table, TABLE_QUARTERS, self,
+                      code_hash) < 0
+        || grow32((void **)&self->codes, &self->codes_capacity, self->ncodes,
+                  sizeof(CodeEntry)) < 0)
+    {
+        return -1;
+    }
+    index = self->ncodes++;
+    self->codes[index] = (CodeEntry){.code = code, .first_node = -1};
+    table_add(&self->code_table, table_hash(code, 0), index);
+    return index;
+}
+
+typedef struct {
+    PyCodeObject *code;
+    int32_t parent;
+    int32_t unit;
+} FrameKey;
+
+static inline int
+is_frame(void *owner, int32_t index, const void *key)
+{
+    SamplerObject *self = owner;
+    const FrameKey *frame = key;
+    StackNode *node = &self->nodes[index];
+    return (node->parent == frame->parent && node->unit == frame->unit
+            && is_live_code(self, node->code, frame->code));
+}
+
+/* The node of `unit` of `code` under `parent`, made if need be; -1 when
+   out of memory.  A node of a code object that died is not found: a code
+   object at the same address is another. */
+static int32_t
+intern_frame(SamplerObject *self, int32_t parent, PyCodeObject *code,
+             int32_t unit)
+{
+    IndexTable *table = &self->node_table;
+    uint32_t hash = frame_hash(code, parent, unit);
+    FrameKey key = {code, parent, unit};
+    int32_t found = table_find(table, hash, self, &key, is_frame);
+    if (found >= 0) {
+        return found;
+    }
+    int32_t code_index = code_entry(self, code);
+    if (code_index < 0
+        || table_reserve(table, TABLE_QUARTERS, self, node_hash) < 0
+        || grow32((void **)&self->nodes, &self->nodes_capacity, self->nnodes,
+                  sizeof(StackNode)) < 0)
+    {
+        return -1;
+    }
+    CodeEntry *of = &self->codes[code_index];
+    int32_t index = self->nnodes++;
+    self->nodes[index] = (StackNode){
+        .parent = parent, .code = code_index, .unit = unit,
+        .next_of_code = of->first_node};
+    of->first_node = index;
+    table_add(table, hash, index);
+    return index;
+}
+
+/* Reads the stack of `tstate` (which cannot change it meanwhile: it holds
+   the GIL and runs this, or it cannot take the GIL) and interns it;
+   returns its leaf, or -1 for an empty stack, -2 when out of memory.
+   `info`, when given, keeps the path interned last: the frames a stack
+   shares with it from the outermost are not looked up again. */
+static int32_t
+intern_stack(SamplerObject *self, PyThreadState *tstate, ThreadInfo *info)
+{
+    /* Innermost first, as the frames are linked. */
+    _PyInterpreterFrame *stack[256];
+    _PyInterpreterFrame **frames = stack;
+    Py_ssize_t capacity = Py_ARRAY_LENGTH(stack), depth = 0;
+    for (_PyInterpreterFrame *frame = tstate->cframe->current_frame;
+         frame != NULL && depth < MAX_DEPTH; frame = frame->previous)
+    {
+        if (_PyFrame_IsIncomplete(frame)) {
+            continue;
+        }
+        if (depth == capacity) {
+            _PyInterpreterFrame **more = PyMem_RawMalloc(
+                (size_t)capacity * 2 * sizeof(*more));
+            if (more == NULL) {
+                break;
+            }
+            memcpy(more, frames, (size_t)depth * sizeof(*more));
+            if (frames != stack) {
+                PyMem_RawFree(frames);
+            }
+            frames = more;
+            capacity *= 2;
+        }
+        frames[depth++] = frame;
+    }
+    if (info != NULL && (info->path_epoch != self->epoch
+                         || grow32((void **)&info->path,
+                                   &info->path_capacity, (int32_t)depth,
+                                   sizeof(PathEntry)) < 0))
+    {
+        info->path_depth = 0;
+        info->path_epoch = self->epoch;
+    }
+    int32_t node = -1;
+    for (Py_ssize_t i = 0; i < depth; i++) {
+        _PyInterpreterFrame *frame = frames[depth - 1 - i];
+        PyCodeObject *code = frame->f_code;
+        int32_t unit = Py_MAX(
+            (int32_t)(frame->prev_instr - _PyCode_CODE(code)), 0);
+        if (info != NULL && i < info->path_depth) {
+            PathEntry *entry = &info->path[i];
+            if (entry->code == code && entry->unit == unit) {
+                node = entry->node;
+                continue;
+            }
+            info->path_depth = (int32_t)i;
+        }
+        node = intern_frame(self, node, code, unit);
+        if (node < 0) {
+            node = -2;
+            break;
+        }
+        if (info != NULL && i < info->path_capacity) {
+            info->path[i] = (PathEntry){code, unit, node};
+            info->path_depth = (int32_t)i + 1;
+        }
+    }
+    if (frames != stack) {
+        PyMem_RawFree(frames);
+    }
+    return node;
+}
+
+/* The index of the record of `tstate`'s thread, made if need be. */
+static int32_t
+thread_index(SamplerObject *self, PyThreadState *tstate)
+{
+    for (int32_t i = self->nthreads - 1; i >= 0; i--) {
+        if (self->threads[i].id == tstate->id) {
+            return i;
+        }
+    }
+    if (self->nthreads > UINT16_MAX
+        || grow32((void **)&self->threads, &self->threads_capacity,
+                  self->nthreads, sizeof(ThreadInfo)) < 0)
+    {
+        return -1;
+    }
+    ThreadInfo *info = &self->threads[self->nthreads];
+    *info = (ThreadInfo){.id = tstate->id, .ident = tstate->thread_id,
+                         .native_id = tstate->native_thread_id,
+                         .last_sample = -1};
+#ifdef __linux__
+    /* The clock of the thread by its kernel id, as glibc makes it (a
+       kernel ABI): a thread that is gone makes clock_gettime() fail,
+       where pthread_getcpuclockid() would read freed memory. */
+    info->cpu_clock = (clockid_t)((~(unsigned int)info->native_id) << 3 | 6);
+#else
+    if (pthread_getcpuclockid((pthread_t)tstate->thread_id,
+                              &info->cpu_clock) != 0)
+    {
+        return self->nthreads++;
+    }
+#endif
+    struct timespec ts;
+    info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
+    info->cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return self->nthreads++;
+}
+
+/* Adds a sample standing for the `weight` ticks up to `tick`; or, when it
+   continues its thread's latest sample, adds to that one. */
+static void
+add_sample(SamplerObject *self, uint32_t tick, int32_t node, int32_t thread,
+           int status, uint32_t weight)
+{
+    if (node < -1 || thread < 0) {
+        self->out_of_memory = 1;
+        return;
+    }
+    ThreadInfo *info = &self->threads[thread];
+    if (info->last_sample >= 0) {
+        Sample *last = &self->samples[info->last_sample];
+        uint32_t last_weight = last->weight_status >> WEIGHT_SHIFT;
+        if (last->node == node
+            && (last->weight_status & ((1 << WEIGHT_SHIFT) - 1)) == status
+            && last->tick + weight == tick
+            && last_weight + weight <= MAX_WEIGHT)
+        {
+            last->tick = tick;
+            last->weight_status += (uint16_t)(weight << WEIGHT_SHIFT);
+            return;
+        }
+    }
+    while (weight > 0) {
+        if (grow((void **)&self->samples, &self->samples_capacity,
+                 self->nsamples, sizeof(Sample)) < 0)
+        {
+            self->out_of_memory = 1;
+            return;
+        }
+        uint32_t part = Py_MIN(weight, MAX_WEIGHT);
+        weight -= part;
+        info->last_sample = self->nsamples;
+        self->samples[self->nsamples++] = (Sample){
+            .tick = tick - weight, .node = node, .thread = (uint16_t)thread,
+            .weight_status = (uint16_t)(part << WEIGHT_SHIFT | status)};
+    }
+}
+
+/* The record of `tstate`'s thread, if the sampler watches it; else (or
+   out of memory) NULL. */
+static ThreadInfo *
+watched(SamplerObject *self, PyThreadState *tstate)
+{
+    if (tstate->interp != self->interp
+        || !(self->all_threads || tstate->thread_id == self->only_ident))
+    {
+        return NULL;
+    }
+    int32_t thread = thread_index(self, tstate);
+    if (thread < 0) {
+        self->out_of_memory = 1;
+        return NULL;
+    }
+    return &self->threads[thread];
+}
+
+/* How many of the `weight` ticks since the last look a thread spent on a
+   CPU, by its CPU clock (nearest whole ticks). */
+static uint32_t
+cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
+{
+    struct timespec ts;
+    if (!info->has_cpu_clock || clock_gettime(info->cpu_clock, &ts) != 0) {
+        return 0;
+    }
+    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t used = now - info->cpu_ns;
+    info->cpu_ns = now;
+    if (used <= 0) {
+        return 0;
+    }
+    uint64_t ticks = (uint64_t)(used + self->interval_ns / 2)
+                     / (uint64_t)self->interval_ns;
+    return (uint32_t)Py_MIN(ticks, (uint64_t)weight);
+}
+
+/* Asks the thread holding the GIL for its stack, for `weight` ticks. */
+static void
+ask_holder(SamplerObject *self, PyThreadState *holder, uint32_t tick,
+           uint32_t weight)
+{
+    if (self->request.pending) {
+        /* Still in the same C code, or in a long instruction. */
+        assert(self->request.tstate_id == holder->id);
+        self->request.late += weight;
+    }
+    else {
+        self->request.pending = 1;
+        self->request.tstate_id = holder->id;
+        self->request.tick = tick;
+        self->request.weight = weight;
+        self->request.late = 0;
+    }
+}
+
+/* Tells the thread holding the GIL that it is asked: once the tick has let
+   go of the locks that it needs to answer.  Told again at every tick, as
+   the holder may recompute its eval breaker from flags set before. */
+static void
+tell_holder(SamplerObject *self)
+{
+    _Py_atomic_store_relaxed(&_PySampling.request, 1);
+    _Py_atomic_store_relaxed(&self->interp->ceval.eval_breaker, 1);
+}
+
+/* A request the asked thread did not answer before it left the GIL (or
+   before stop()): it was in C code holding the GIL, and is there still or
+   has just left it.  Its stack, which it cannot change now, is the best
+   one to give the ticks.  Returns the ticks to add to the sample of
+   `current`, when it is the thread asked. */
+static uint32_t
+settle_request(SamplerObject *self, uint32_t tick, PyThreadState *current)
+{
+    uint32_t ticks = self->request.weight + self->request.late;
+    self->request.pending = 0;
+    for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
+         tstate = tstate->next)
+    {
+        if (tstate->id != self->request.tstate_id) {
+            continue;
+        }
+        if (tstate == current) {
+            return ticks;
+        }
+        int32_t thread = thread_index(self, tstate);
+        add_sample(self, tick,
+                   intern_stack(self, tstate,
+                                thread < 0 ? NULL : &self->threads[thread]),
+                   thread, STATUS_IN_C, ticks);
+        return 0;
+    }
+    /* The thread is gone. */
+    self->ticks_missed += ticks;
+    return 0;
+}
+
+/* A tick without the GIL's mutex, which a thread that was preempted while
+   it held it (taking or dropping the GIL) can keep for a whole time slice:
+   rather than wait and fall behind, the sampler asks the thread that holds
+   the GIL, and owes the others this tick, to be read at the next one. */
+static void
+take_partial_tick(SamplerObject *self, uint32_t tick, uint32_t weight)
+{
+    _PyRuntimeState *runtime = &_PyRuntime;
+    PyThreadState *holder = NULL;
+    if (_Py_atomic_load_relaxed(&runtime->ceval.gil.locked)) {
+        holder = (PyThreadState *)_Py_atomic_load_relaxed(
+            &runtime->ceval.gil.last_holder);
+    }
+    for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
+         tstate = tstate->next)
+    {
+        ThreadInfo *info = watched(self, tstate);
+        if (info == NULL) {
+            continue;
+        }
+        if (tstate == holder && !self->cpu_mode
+            && (!self->request.pending
+                || self->request.tstate_id == tstate->id))
+        {
+            ask_holder(self, tstate, tick, weight);
+        }
+        else {
+            info->owed += weight;
+        }
+    }
+}
+
+/* One tick, standing for `weight` ticks: reads the watched threads that do
+   not hold the GIL, and asks the one that does; or, when that one is
+   `current` (stop() takes the last sample), reads it too. */
+static void
+take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
+          PyThreadState *current)
+{
+    _PyRuntimeState *runtime = &_PyRuntime;
+    struct _gil_runtime_state *gil = &runtime->ceval.gil;
+    /* The thread list, then the GIL's mutex: no thread can come or go,
+       nor take the GIL, while they are held. */
+    PyThread_acquire_lock(runtime->interpreters.mutex, WAIT_LOCK);
+    int gil_mutex = -1;
+    if (current != NULL) {
+        gil_mutex = pthread_mutex_lock(&gil->mutex);
+    }
+    for (int i = 0; gil_mutex != 0 && i < GIL_MUTEX_TRIES; i++) {
+        gil_mutex = pthread_mutex_trylock(&gil->mutex);
+    }
+    pthread_mutex_lock(&self->lock);
+    if (gil_mutex != 0) {
+        take_partial_tick(self, tick, weight);
+        goto done;
+    }
+    PyThreadState *holder = NULL;
+    if (_Py_atomic_load_relaxed(&gil->locked)) {
+        /* Set with the mutex held, before the holder runs. */
+        holder = (PyThreadState *)_Py_atomic_load_relaxed(&gil->last_holder);
+        if (holder == current) {
+            holder = NULL;
+        }
+    }
+    uint32_t carried = 0;
+    if (self->request.pending
+        && (holder == NULL || holder->id != self->request.tstate_id))
+    {
+        carried = settle_request(self, tick - weight, current);
+    }
+    unsigned long takes = _PySampling.gil_takes;
+    for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
+         tstate = tstate->next)
+    {
+        ThreadInfo *info = watched(self, tstate);
+        if (info == NULL) {
+            continue;
+        }
+        uint32_t ticks = weight + info->owed;
+        info->owed = 0;
+        uint32_t on_cpu = cpu_ticks(self, info, ticks);
+        uint32_t w = self->cpu_mode ? on_cpu : ticks;
+        int status;
+        if (tstate == holder) {
+            info->cached = 0;
+            if (w > 0 || self->request.pending) {
+                ask_holder(self, tstate, tick, w);
+            }
+            continue;
+        }
+        else if (tstate == current) {
+            status = STATUS_RUNNING;
+            w = ticks + carried;
+        }
+        else if (tstate->waiting_for_gil) {
+            /* Off the CPU: its wait is no CPU time. */
+            status = STATUS_GIL;
+            w = self->cpu_mode ? 0 : ticks;
+        }
+        else {
+            status = on_cpu ? STATUS_IN_C : STATUS_IDLE;
+        }
+        if (w == 0) {
+            continue;
+        }
+        int32_t node;
+        if (tstate == current) {
+            /* At stop(), in the profiler's code: where it was at its last
+               sample is where it was. */
+            node = info->last_sample >= 0
+                   ? self->samples[info->last_sample].node
+                   : intern_stack(self, tstate, info);
+        }
+        else if (info->cached && info->cached_takes == takes) {
+            node = info->cached_node;
+        }
+        else {
+            node = intern_stack(self, tstate, info);
+            info->cached = node >= -1;
+            info->cached_node = node;
+            info->cached_takes = takes;
+        }
+        add_sample(self, tick, node, (int32_t)(info - self->threads), status,
+                   w);
+    }
+    pthread_mutex_unlock(&gil->mutex);
+done:;
+    int asked = self->request.pending;
+    pthread_mutex_unlock(&self->lock);
+    PyThread_release_lock(runtime->interpreters.mutex);
+    if (asked && current == NULL) {
+        tell_holder(self);
+    }
+}
+
+static int64_t
+rss_bytes(SamplerObject *self)
+{
+    char text[128];
+    if (self->statm < 0) {
+        return -1;
+    }
+    ssize_t n = pread(self->statm, text, sizeof(text) - 1, 0);
+    if (n <= 0) {
+        return -1;
+    }
+    text[n] = '\0';
+    unsigned long long size, resident;
+    if (sscanf(text, "%llu %llu", &size, &resident) != 2) {
+        return -1;
+    }
+    return (int64_t)resident * sysconf(_SC_PAGESIZE);
+}
+
+static void
+take_memory_sample(SamplerObject *self, uint32_t tick)
+{
+    MemorySample sample = {.tick = tick, .rss = rss_bytes(self),
+                           .tracked = -1};
+#ifdef Py_TRACK_MEMORY
+    /* Its counts are read without the GIL: a sum of words. */
+    sample.tracked = _PyMemTrack_TotalBytes();
+#endif
+    pthread_mutex_lock(&self->lock);
+    if (grow((void **)&self->memory, &self->memory_capacity, self->nmemory,
+             sizeof(MemorySample)) == 0)
+    {
+        self->memory[self->nmemory++] = sample;
+    }
+    else {
+        self->out_of_memory = 1;
+    }
+    pthread_mutex_unlock(&self->lock);
+}
+
+#ifdef __linux__
+/* Since Linux 6.6 (EEVDF), a thread of the normal class may ask for a short
+   time slice, and is then run soon after it wakes rather than after the
+   slice of a thread that runs long (a thread holding the GIL); earlier
+   kernels ignore the request.  Its nice value stays as it is. */
+static void
+ask_for_short_slices(void)
+{
+#ifdef SYS_sched_setattr
+    struct {
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t priority;
+        uint64_t runtime, deadline, period;
+    } attr = {.size = sizeof(attr), .policy = SCHED_OTHER,
+              .runtime = 100000};
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);
+    if (errno == 0) {
+        attr.nice = nice;
+        (void)syscall(SYS_sched_setattr, 0, &attr, 0);
+    }
+#endif
+}
+#endif
+
+/* Waits until `deadline`, with `wake_lock` held (and let go while it
+   waits); 0 then, -1 when asked to stop. */
+static int
+wait_until(SamplerObject *self, int64_t deadline)
+{
+    while (!_Py_atomic_load_relaxed(&self->stop_asked)) {
+        int64_t now = monotonic_ns();
+        if (now >= deadline) {
+            return 0;
+        }
+        if (self->interval_ns < SLEEPLESS_NS) {
+            pthread_mutex_unlock(&self->wake_lock);
+            while (monotonic_ns() < deadline
+                   && !_Py_atomic_load_relaxed(&self->stop_asked))
+            {
+                ;
+            }
+            pthread_mutex_lock(&self->wake_lock);
+            continue;
+        }
+        struct timespec ts = {.tv_sec = deadline / 1000000000,
+                              .tv_nsec = deadline % 1000000000};
+        (void)pthread_cond_timedwait(&self->wake, &self->wake_lock, &ts);
+    }
+    return -1;
+}
+
+static void *
+sampler_main(void *arg)
+{
+    SamplerObject *self = arg;
+#ifdef __linux__
+    /* Wake at the deadline, not up to 50 microseconds after it. */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL);
+    ask_for_short_slices();
+#endif
+    uint64_t tick = 0;
+    /* Held but while waiting: a fork waits for a tick to end (see
+       before_fork()). */
+    pthread_mutex_lock(&self->wake_lock);
+    while (wait_until(self, self->start_ns
+                            + (int64_t)(tick + 1) * self->interval_ns) == 0)
+    {
+        /* Absolute deadlines: after a stall, the ticks that passed are
+           one sample's weight, not a burst of samples. */
+        uint64_t due = (uint64_t)((monotonic_ns() - self->start_ns)
+                                  / self->interval_ns);
+        if (due > UINT32_MAX) {
+            break;
+        }
+        uint32_t weight = (uint32_t)(due - tick);
+        self->ticks_taken++;
+        self->ticks_missed += weight - 1;
+        take_tick(self, (uint32_t)due, weight, NULL);
+        if (self->memory_every
+            && due / self->memory_every != tick / self->memory_every)
+        {
+            take_memory_sample(self, (uint32_t)due);
+        }
+        self->last_tick = (uint32_t)due;
+        tick = due;
+    }
+    pthread_mutex_unlock(&self->wake_lock);
+    return NULL;
+}
+
+
+/* The interpreter's side: the answer of the thread holding the GIL, and
+   the death of code objects.  Both run with the GIL held. */
+
+static void
+answer(PyThreadState *tstate)
+{
+    SamplerObject *self = active;
+    if (self == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&self->lock);
+    if (self->request.pending && self->request.tstate_id == tstate->id
+        && tstate->interp == self->interp)
+    {
+        /* Answered late, it was in a long call of C code meanwhile, or in
+           a long instruction. */
+        uint32_t late = self->request.late;
+        int32_t thread = thread_index(self, tstate);
+        add_sample(self, self->request.tick + late,
+                   intern_stack(self, tstate,
+                                thread < 0 ? NULL : &self->threads[thread]),
+                   thread, late ? STATUS_IN_C : STATUS_RUNNING,
+                   self->request.weight + late);
+        self->request.pending = 0;
+    }
+    pthread_mutex_unlock(&self->lock);
+}
+
+/* The names of a code object and the lines of its nodes, while it is
+   alive. */
+static void
+resolve_code(SamplerObject *self, CodeEntry *entry)
+{
+    PyCodeObject *code = entry->code;
+    entry->name = Py_NewRef(code->co_qualname);
+    entry->filename = Py_NewRef(code->co_filename);
+    entry->firstlineno = code->co_firstlineno;
+    if (self->lines_capacity < self->nnodes) {
+        /* While sampling, room for more nodes; at stop, just enough. */
+        int32_t capacity = self->running ? self->nodes_capacity
+                                         : self->nnodes;
+        NodeLines *lines = PyMem_RawRealloc(
+            self->lines, (size_t)capacity * sizeof(NodeLines));
+        if (lines == NULL) {
+            self->out_of_memory = 1;
+            return;
+        }
+        self->lines = lines;
+        self->lines_capacity = capacity;
+    }
+    for (int32_t n = entry->first_node; n >= 0;
+         n = self->nodes[n].next_of_code)
+    {
+        NodeLines *at = &self->lines[n];
+        if (!PyCode_Addr2Location(code,
+                                  self->nodes[n].unit
+                                  * (int)sizeof(_Py_CODEUNIT),
+                                  &at->lineno, &at->col, &at->end_lineno,
+                                  &at->end_col))
+        {
+            *at = (NodeLines){-1, -1, -1, -1};
+        }
+    }
+}
+
+static void
+code_died(PyCodeObject *code)
+{
+    SamplerObject *self = active;
+    if (self == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&self->lock);
+    int32_t index = find_code(self, code);
+    if (index >= 0) {
+        resolve_code(self, &self->codes[index]);
+        self->codes[index].retired = 1;
+        /* The paths kept may hold it. */
+        self->epoch++;
+    }
+    pthread_mutex_unlock(&self->lock);
+}
+
+/* With the sampler thread stopped: the code objects still alive are
+   resolved. */
+static void
+resolve_all(SamplerObject *self)
+{
+    for (int32_t i = 0; i < self->ncodes; i++) {
+        CodeEntry *entry = &self->codes[i];
+        if (!entry->retired) {
+            resolve_code(self, entry);
+            entry->retired = 1;
+        }
+    }
+}
+
+
+/* Starting and stopping */
+
+static void
+clear_store(SamplerObject *self)
+{
+    for (int32_t i = 0; i < self->ncodes; i++) {
+        Py_XDECREF(self->codes[i].name);
+        Py_XDECREF(self->codes[i].filename);
+    }
+    PyMem_RawFree(self->nodes);
+    PyMem_RawFree(self->lines);
+    table_clear(&self->node_table);
+    PyMem_RawFree(self->codes);
+    table_clear(&self->code_table);
+    PyMem_RawFree(self->samples);
+    PyMem_RawFree(self->memory);
+    for (int32_t i = 0; i < self->nthreads; i++) {
+        PyMem_RawFree(self->threads[i].path);
+    }
+    PyMem_RawFree(self->threads);
+    self->nodes = NULL;
+    self->lines = NULL;
+    self->lines_capacity = 0;
+    self->codes = NULL;
+    self->samples = NULL;
+    self->memory = NULL;
+    self->threads = NULL;
+    self->nnodes = self->nodes_capacity = 0;
+    self->ncodes = self->codes_capacity = 0;
+    self->nsamples = self->samples_capacity = 0;
+    self->nmemory = self->memory_capacity = 0;
+    self->nthreads = self->threads_capacity = 0;
+    self->out_of_memory = 0;
+    self->ticks_taken = self->ticks_missed = 0;
+    self->last_tick = 0;
+}
+
+/* The thread's locks and its clock, which waits for absolute deadlines of
+   the monotonic clock. */
+static int
+init_locks(SamplerObject *self)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        return -1;
+    }
+    int err = (pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0
+               || pthread_mutex_init(&self->lock, NULL) != 0
+               || pthread_mutex_init(&self->wake_lock, NULL) != 0
+               || pthread_cond_init(&self->wake, &attr) != 0);
+    pthread_condattr_destroy(&attr);
+    return err ? -1 : 0;
+}
+
+/* Stops the sampler thread and the answers; with the GIL held. */
+static void
+stop_thread(SamplerObject *self)
+{
+    pthread_mutex_lock(&self->wake_lock);
+    _Py_atomic_store_relaxed(&self->stop_asked, 1);
+    pthread_cond_signal(&self->wake);
+    pthread_mutex_unlock(&self->wake_lock);
+    /* It never waits for the GIL, and never runs Python code. */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(self->thread, NULL);
+    Py_END_ALLOW_THREADS
+    _PySampling.answer = NULL;
+    _Py_atomic_store_relaxed(&_PySampling.request, 0);
+}
+
+/* With no sampler running any more: the code objects still alive name
+   their nodes now, and then no death needs telling. */
+static void
+retire(SamplerObject *self)
+{
+    assert(active == self && !self->running);
+    resolve_all(self);
+    _PySampling.code_died = NULL;
+    if (self->statm >= 0) {
+        close(self->statm);
+        self->statm = -1;
+    }
+    self->forked = 0;
+    active = NULL;
+    Py_DECREF(self);
+}
+
+static void
+stop(SamplerObject *self)
+{
+    assert(active == self && self->running);
+    stop_thread(self);
+    /* The last sample: with the GIL held here, no other thread can change
+       its frames, and this one is at its call of stop(). */
+    self->stop_ns = monotonic_ns();
+    /* The ticks since the sampler's last, the one under way included. */
+    uint64_t due = (uint64_t)((self->stop_ns - self->start_ns)
+                              / self->interval_ns) + 1;
+    if (due > self->last_tick && due <= UINT32_MAX) {
+        take_tick(self, (uint32_t)due, (uint32_t)due - self->last_tick,
+                  _PyThreadState_GET());
+        self->last_tick = (uint32_t)due;
+    }
+    if (self->memory_every) {
+        take_memory_sample(self, self->last_tick);
+    }
+    self->running = 0;
+    retire(self);
+}
+
+
+/* A forked child has no sampler thread: the sampler stops there, keeping
+   what it had.  At the fork itself only what needs no lock and no Python
+   is done; the child retires the sampler as it comes back to Python
+   (os.register_at_fork), and the code objects it frees meanwhile are told
+   of as before. */
+
+/* No tick is under way at the fork: the sampler thread holds the GIL's
+   mutex during a tick, and the child would find it locked by a thread it
+   does not have (and fail to recreate the GIL). */
+static void
+before_fork(void)
+{
+    if (active != NULL && active->running) {
+        pthread_mutex_lock(&active->wake_lock);
+        pthread_mutex_lock(&active->lock);
+    }
+}
+
+static void
+after_fork_in_parent(void)
+{
+    if (active != NULL && active->running) {
+        pthread_mutex_unlock(&active->lock);
+        pthread_mutex_unlock(&active->wake_lock);
+    }
+}
+
+static void
+after_fork_in_child(void)
+{
+    SamplerObject *self = active;
+    if (self == NULL || !self->running) {
+        return;
+    }
+    (void)init_locks(self);
+    _PySampling.answer = NULL;
+    _Py_atomic_store_relaxed(&_PySampling.request, 0);
+    self->request.pending = 0;
+    self->stop_ns = monotonic_ns();
+    self->running = 0;
+    self->forked = 1;
+    _Py_atomic_store_relaxed(&self->stop_asked, 1);
+}
+
+/* The child's sampler, stopped by the fork, is retired. */
+static void
+retire_forked(void)
+{
+    if (active != NULL && active->forked) {
+        retire(active);
+    }
+}
+
+
+/* The Sampler type */
+
+/*[clinic input]
+_sampling.Sampler.__init__
+
+    interval: double
+    *
+    mode: str = "wall"
+    thread: object = None
+    memory_interval: double = 0.0
+
+The engine of profiling.sampling.Sampler.
+
+interval is the time between samples, in seconds (at least 10
+microseconds).  In "wall" mode every watched thread is sampled at each
+tick, whatever it does; in "cpu" mode only those using the CPU.  thread
+is the ident (threading.get_ident()) of the thread to watch, or None for
+all.  memory_interval, when positive, is the time between memory samples
+(rounded to a number of ticks).
+[clinic start generated code]*/
+
+static int
+_sampling_Sampler___init___impl(SamplerObject *self, double interval,
+                                const char *mode, PyObject *thread,
+                                double memory_interval)
+/*[clinic end generated code: output=1b07dc252813a81c input=e1e3e1e960d870d8]*/
+{
+    if (self->running) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "cannot reinitialize a running sampler");
+        return -1;
+    }
+    if (!(interval >= 1e-5 && interval <= 3600.0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "the interval must be between 10 microseconds and "
+                        "an hour");
+        return -1;
+    }
+    int cpu_mode;
+    if (strcmp(mode, "wall") == 0) {
+        cpu_mode = 0;
+    }
+    else if (strcmp(mode, "cpu") == 0) {
+        cpu_mode = 1;
+    }
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "mode must be 'wall' or 'cpu', not '%s'", mode);
+        return -1;
+    }
+    unsigned long ident = 0;
+    if (thread != Py_None) {
+        if (!PyLong_Check(thread)) {
+            PyErr_Format(PyExc_TypeError,
+                         "thread must be an int (a thread's ident) or None, "
+                         "not %.200s", Py_TYPE(thread)->tp_name);
+            return -1;
+        }
+        ident = PyLong_AsUnsignedLong(thread);
+        if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (!(memory_interval >= 0.0) || memory_interval > 3600.0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "memory_interval must be 0 (none) or up to an hour");
+        return -1;
+    }
+    self->interval_ns = (int64_t)(interval * 1e9);
+    self->cpu_mode = cpu_mode;
+    self->all_threads = thread == Py_None;
+    self->only_ident = ident;
+    self->memory_every = memory_interval > 0.0
+        ? (uint32_t)Py_MAX(1.0, memory_interval / interval + 0.5) : 0;
+    return 0;
+}
+
+/*[clinic input]
+_sampling.Sampler.start
+
+Start sampling, in a thread of the sampler's own.
+
+Only one sampler runs at a time.  What an earlier run recorded is
+dropped.
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_start_impl(SamplerObject *self)
+/*[clinic end generated code: output=52c29ee4de07ae38 input=2d2e57c2fa621a9d]*/
+{
+    if (self->interval_ns == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the sampler was not initialized");
+        return NULL;
+    }
+    retire_forked();
+    if (active != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        active == self ? "the sampler is already running"
+                                       : "another sampler is running");
+        return NULL;
+    }
+    clear_store(self);
+    PyThreadState *tstate = _PyThreadState_GET();
+    self->interp = tstate->interp;
+    self->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    self->request.pending = 0;
+    _Py_atomic_store_relaxed(&self->stop_asked, 0);
+    self->start_ns = monotonic_ns();
+    active = (SamplerObject *)Py_NewRef(self);
+    _PySampling.answer = answer;
+    _PySampling.code_died = code_died;
+    int err = pthread_create(&self->thread, NULL, sampler_main, self);
+    if (err != 0) {
+        _PySampling.answer = NULL;
+        _PySampling.code_died = NULL;
+        active = NULL;
+        Py_DECREF(self);
+        if (self->statm >= 0) {
+            close(self->statm);
+            self->statm = -1;
+        }
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return NULL;
+    }
+    self->running = 1;
+    Py_RETURN_NONE;
+}
+
+/*[clinic input]
+_sampling.Sampler.stop
+
+Stop sampling, after a last sample of the threads watched.
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_stop_impl(SamplerObject *self)
+/*[clinic end generated code: output=a46c114f2ceb29e6 input=865167c291c2d56c]*/
+{
+    if (!self->running) {
+        PyErr_SetString(PyExc_RuntimeError, "the sampler is not running");
+        return NULL;
+    }
+    stop(self);
+    if (self->out_of_memory) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "memory was exhausted while sampling: some samples "
+                        "are missing");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sampler_running(SamplerObject *self, void *Py_UNUSED(closure))
+{
+    retire_forked();
+    return PyBool_FromLong(self->running);
+}
+
+static int
+require_stopped(SamplerObject *self)
+{
+    retire_forked();
+    if (self->running) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the sampler is running: stop() it first");
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of `count` items, the i-th made by item(self, i), of a sampler
+   stopped. */
+static PyObject *
+make_list(SamplerObject *self, Py_ssize_t count,
+          PyObject *(*item)(SamplerObject *, Py_ssize_t))
+{
+    if (require_stopped(self) < 0) {
+        return NULL;
+    }
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t i = 0; list != NULL && i < count; i++) {
+        PyObject *value = item(self, i);
+        if (value == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, value);
+    }
+    return list;
+}
+
+static PyObject *
+frame_item(SamplerObject *self, Py_ssize_t i)
+{
+    StackNode *node = &self->nodes[i];
+    CodeEntry *of = &self->codes[node->code];
+    NodeLines at = {-1, -1, -1, -1};
+    if (i < self->lines_capacity) {
+        at = self->lines[i];
+    }
+    return Py_BuildValue("(iOOiiiii)", node->parent,
+                         of->name ? of->name : Py_None,
+                         of->filename ? of->filename : Py_None,
+                         of->firstlineno, at.lineno, at.end_lineno, at.col,
+                         at.end_col);
+}
+
+static PyObject *
+sample_item(SamplerObject *self, Py_ssize_t i)
+{
+    Sample *s = &self->samples[i];
+    return Py_BuildValue("(kiiii)", (unsigned long)s->tick, s->node,
+                         (int)s->thread,
+                         s->weight_status & ((1 << WEIGHT_SHIFT) - 1),
+                         s->weight_status >> WEIGHT_SHIFT);
+}
+
+static PyObject *
+thread_item(SamplerObject *self, Py_ssize_t i)
+{
+    return Py_BuildValue("(kk)", self->threads[i].ident,
+                         self->threads[i].native_id);
+}
+
+static PyObject *
+memory_item(SamplerObject *self, Py_ssize_t i)
+{
+    MemorySample *m = &self->memory[i];
+    return Py_BuildValue("(kLL)", (unsigned long)m->tick, (long long)m->rss,
+                         (long long)m->tracked);
+}
+
+/*[clinic input]
+_sampling.Sampler.frames
+
+Return the frames of the stacks sampled, a list of tuples.
+
+Each is (parent, name, filename, firstlineno, lineno, end_lineno,
+col_offset, end_col_offset): the index of the frame it was called from
+(-1 for an outermost frame), its code's qualified name and file, and
+where the instruction it was at is in the source (-1 where unknown).
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_frames_impl(SamplerObject *self)
+/*[clinic end generated code: output=c0f90e9fcffdca6d input=bf4f4b1567e17318]*/
+{
+    return make_list(self, self->nnodes, frame_item);
+}
+
+/*[clinic input]
+_sampling.Sampler.samples
+
+Return the samples, a list of tuples.
+
+Each is (tick, frame, thread, status, weight): the tick it was taken at
+(times the interval after the start), the index of its innermost frame
+(-1 for an empty stack), the index of its thread, what the thread was
+doing (an index into STATUSES), and the ticks it stands for.
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_samples_impl(SamplerObject *self)
+/*[clinic end generated code: output=cd2a401c4bd1fff2 input=cfce905f6645478c]*/
+{
+    return make_list(self, self->nsamples, sample_item);
+}
+
+/*[clinic input]
+_sampling.Sampler.threads
+
+Return the threads sampled: a list of (ident, native_id) tuples.
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_threads_impl(SamplerObject *self)
+/*[clinic end generated code: output=f86d155a38aebac4 input=591aa8be84099c21]*/
+{
+    return make_list(self, self->nthreads, thread_item);
+}
+
+/*[clinic input]
+_sampling.Sampler.memory
+
+Return the memory samples: a list of (tick, rss, tracked) tuples.
+
+rss is the process's resident set in bytes (-1 where unknown); tracked
+is sys.total_memory_used() on a build configured --with-memory-tracking,
+else -1.
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_memory_impl(SamplerObject *self)
+/*[clinic end generated code: output=c71d0484f3d19675 input=e0c56cc21f43effd]*/
+{
+    return make_list(self, self->nmemory, memory_item);
+}
+
+/*[clinic input]
+_sampling.Sampler.info
+
+Return how the run went, as a dict.
+
+interval (seconds), ticks (intervals from start to stop), taken (ticks
+the sampler woke for), missed (ticks that passed while it was late,
+counted as weight of the next sample), duration (seconds), samples,
+frames (the nodes of the interned stacks) and bytes (what the store
+holds).
+[clinic start generated code]*/
+
+static PyObject *
+_sampling_Sampler_info_impl(SamplerObject *self)
+/*[clinic end generated code: output=942540a59a484534 input=20cdd3342237b3a6]*/
+{
+    int64_t end = self->running ? monotonic_ns() : self->stop_ns;
+    size_t bytes = (size_t)self->nnodes * sizeof(StackNode)
+                   + (size_t)self->lines_capacity * sizeof(NodeLines)
+                   + (size_t)self->nsamples * sizeof(Sample)
+                   + (size_t)self->nmemory * sizeof(MemorySample)
+                   + (size_t)self->ncodes * sizeof(CodeEntry)
+                   + (size_t)(self->node_table.mask + 1) * sizeof(int32_t)
+                   + (size_t)(self->code_table.mask + 1) * sizeof(int32_t);
+    return Py_BuildValue(
+        "{sdsKsKsKsdsnsisn}",
+        "interval", (double)self->interval_ns * 1e-9,
+        "ticks", (unsigned long long)(self->start_ns == 0 ? 0
+            : (end - self->start_ns) / self->interval_ns),
+        "taken", (unsigned long long)self->ticks_taken,
+        "missed", (unsigned long long)self->ticks_missed,
+        "duration", self->start_ns == 0 ? 0.0
+            : (double)(end - self->start_ns) * 1e-9,
+        "samples", self->nsamples,
+        "frames", (int)self->nnodes,
+        "bytes", (Py_ssize_t)bytes);
+}
+
+static int
+sampler_traverse(SamplerObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static void
+sampler_dealloc(SamplerObject *self)
+{
+    /* A running sampler is kept alive by `active`. */
+    assert(!self->running);
+    PyObject_GC_UnTrack(self);
+    clear_store(self);
+    pthread_mutex_destroy(&self->lock);
+    pthread_mutex_destroy(&self->wake_lock);
+    pthread_cond_destroy(&self->wake);
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *
+sampler_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    SamplerObject *self = (SamplerObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->statm = -1;
+    if (init_locks(self) < 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static PyMethodDef sampler_methods[] = {
+    _SAMPLING_SAMPLER_START_METHODDEF
+    _SAMPLING_SAMPLER_STOP_METHODDEF
+    _SAMPLING_SAMPLER_FRAMES_METHODDEF
+    _SAMPLING_SAMPLER_SAMPLES_METHODDEF
+    _SAMPLING_SAMPLER_THREADS_METHODDEF
+    _SAMPLING_SAMPLER_MEMORY_METHODDEF
+    _SAMPLING_SAMPLER_INFO_METHODDEF
+    {NULL, NULL}
+};
+
+static PyGetSetDef sampler_getset[] = {
+    {"running", (getter)sampler_running, NULL,
+     PyDoc_STR("Whether the sampler runs.")},
+    {NULL}
+};
+
+static PyType_Slot sampler_slots[] = {
+    {Py_tp_doc, (void *)_sampling_Sampler___init____doc__},
+    {Py_tp_new, sampler_new},
+    {Py_tp_init, _sampling_Sampler___init__},
+    {Py_tp_dealloc, sampler_dealloc},
+    {Py_tp_traverse, sampler_traverse},
+    {Py_tp_methods, sampler_methods},
+    {Py_tp_getset, sampler_getset},
+    {0, 0}
+};
+
+static PyType_Spec sampler_spec = {
+    .name = "_sampling.Sampler",
+    .basicsize = sizeof(SamplerObject),
+    .flags = (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE
+              | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE),
+    .slots = sampler_slots,
+};
+
+
+/* The module */
+
+/*[clinic input]
+_sampling._after_fork_in_child
+
+Retire the sampler a fork stopped (os.register_at_fork calls this).
+[clinic start generated code]*/
+
+static PyObject *
+_sampling__after_fork_in_child_impl(PyObject *module)
+/*[clinic end generated code: output=9c7dd306d05697e3 input=8dc70ba8d3df7e0d]*/
+{
+    retire_forked();
+    Py_RETURN_NONE;
+}
+
+/*[clinic input]
+_sampling._stop_at_exit
+
+Stop the sampler running, if any, before the interpreter goes (atexit).
+[clinic start generated code]*/
+
+static PyObject *
+_sampling__stop_at_exit_impl(PyObject *module)
+/*[clinic end generated code: output=e52fe3b24500af1f input=0654d8383e2e3e95]*/
+{
+    retire_forked();
+    if (active != NULL) {
+        stop(active);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Calls module.`function` with `args` and `kwargs`; 0 or -1. */
+static int
+call_method(const char *module, const char *function, PyObject *args,
+            PyObject *kwargs)
+{
+    PyObject *callable = _PyImport_GetModuleAttrString(module, function);
+    if (callable == NULL) {
+        return -1;
+    }
+    PyObject *result = PyObject_Call(callable, args, kwargs);
+    Py_DECREF(callable);
+    Py_XDECREF(result);
+    return result == NULL ? -1 : 0;
+}
+
+static int fork_handlers_set;
+
+static int
+sampling_exec(PyObject *module)
+{
+    if (!fork_handlers_set) {
+        if (pthread_atfork(before_fork, after_fork_in_parent,
+                           after_fork_in_child) != 0)
+        {
+            PyErr_NoMemory();
+            return -1;
+        }
+        fork_handlers_set = 1;
+    }
+    /* What must run with the interpreter: in a forked child, and before
+       the interpreter is finalized. */
+    PyObject *retire_child = PyObject_GetAttrString(
+        module, "_after_fork_in_child");
+    PyObject *at_exit = PyObject_GetAttrString(module, "_stop_at_exit");
+    PyObject *no_args = PyTuple_New(0);
+    PyObject *kwargs = retire_child ? Py_BuildValue(
+        "{sO}", "after_in_child", retire_child) : NULL;
+    PyObject *exit_args = at_exit ? PyTuple_Pack(1, at_exit) : NULL;
+    int err = (kwargs == NULL || exit_args == NULL || no_args == NULL
+               || call_method("posix", "register_at_fork", no_args,
+                              kwargs) < 0
+               || call_method("atexit", "register", exit_args, NULL) < 0);
+    Py_XDECREF(retire_child);
+    Py_XDECREF(at_exit);
+    Py_XDECREF(no_args);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(exit_args);
+    if (err) {
+        return -1;
+    }
+    PyObject *type = PyType_FromModuleAndSpec(module, &sampler_spec, NULL);
+    if (type == NULL || PyModule_AddType(module, (PyTypeObject *)type) < 0) {
+        Py_XDECREF(type);
+        return -1;
+    }
+    Py_DECREF(type);
+    PyObject *statuses = PyTuple_New(STATUSES);
+    for (int i = 0; statuses != NULL && i < STATUSES; i++) {
+        PyObject *name = PyUnicode_FromString(status_names[i]);
+        if (name == NULL) {
+            Py_CLEAR(statuses);
+            break;
+        }
+        PyTuple_SET_ITEM(statuses, i, name);
+    }
+    if (statuses == NULL
+        || PyModule_AddObjectRef(module, "STATUSES", statuses) < 0)
+    {
+        Py_XDECREF(statuses);
+        return -1;
+    }
+    Py_DECREF(statuses);
+    return 0;
+}
+
+static PyModuleDef_Slot sampling_slots[] = {
+    {Py_mod_exec, sampling_exec},
+    {0, NULL}
+};
+
+static PyMethodDef sampling_functions[] = {
+    _SAMPLING__AFTER_FORK_IN_CHILD_METHODDEF
+    _SAMPLING__STOP_AT_EXIT_METHODDEF
+    {NULL, NULL}
+};
+
+static struct PyModuleDef sampling_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_sampling",
+    .m_doc = "The sampling profiler of profiling.sampling.",
+    .m_size = 0,
+    .m_methods = sampling_functions,
+    .m_slots = sampling_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__sampling(void)
+{
+    return PyModuleDef_Init(&sampling_module);
+}
