@@ -354,7 +354,9 @@ class AccuracyTests(unittest.TestCase):
     def test_split_of_work(self):
         # one_share() and three_shares() run the same loop, one and three
         # times as long: a quarter and three quarters of the time.
-        sampler = Sampler(4000)
+        # On-CPU time: the share stays the same when other processes
+        # take the CPU.
+        sampler = Sampler(4000, mode="cpu")
         sampler.run(split_work, 20)
         own = {}
         for sample in results(sampler)["samples"]:
@@ -367,7 +369,7 @@ class AccuracyTests(unittest.TestCase):
         self.assertAlmostEqual(own["one_share"] / total, 0.25, delta=0.05)
 
     def test_pstats_split(self):
-        sampler = Sampler(4000)
+        sampler = Sampler(4000, mode="cpu")
         sampler.run(split_work, 20)
         stats = pstats.Stats(sampler)
         by_name = {func[2].rpartition(".")[2]: value
@@ -535,6 +537,25 @@ class StackTests(unittest.TestCase):
             thread.join()
         self.assertEqual({s["thread"] for s in results(sampler)["samples"]},
                          {threading.get_ident()})
+
+    def test_threads_known_once_started(self):
+        # A new thread's state exists, holding the ident of the thread
+        # that made it, before the new thread runs: the sampler must not
+        # take it for its maker's.
+        main = threading.get_ident()
+        for all_threads in (False, True):
+            sampler = Sampler(50_000, all_threads=all_threads)
+            with sampler:
+                for _ in range(300):
+                    thread = threading.Thread(target=work, args=(0,))
+                    thread.start()
+                    thread.join()
+            threads = sampler.threads()
+            if all_threads:
+                native_ids = [native_id for _, native_id, _ in threads]
+                self.assertEqual(len(set(native_ids)), len(native_ids))
+            else:
+                self.assertEqual([ident for ident, _, _ in threads], [main])
 
     def test_code_freed_while_sampling(self):
         # Code objects sampled and freed while the sampler runs keep their

@@ -454,14 +454,25 @@ intern_stack(SamplerObject *self, PyThreadState *tstate, ThreadInfo *info)
     return node;
 }
 
-/* The index of the record of `tstate`'s thread, made if need be. */
+/* The index of the record of `tstate`'s thread, or -1. */
 static int32_t
-thread_index(SamplerObject *self, PyThreadState *tstate)
+known_thread(SamplerObject *self, PyThreadState *tstate)
 {
     for (int32_t i = self->nthreads - 1; i >= 0; i--) {
         if (self->threads[i].id == tstate->id) {
             return i;
         }
+    }
+    return -1;
+}
+
+/* The index of the record of `tstate`'s thread, made if need be. */
+static int32_t
+thread_index(SamplerObject *self, PyThreadState *tstate)
+{
+    int32_t known = known_thread(self, tstate);
+    if (known >= 0) {
+        return known;
     }
     if (self->nthreads > UINT16_MAX
         || grow32((void **)&self->threads, &self->threads_capacity,
@@ -536,12 +547,22 @@ add_sample(SamplerObject *self, uint32_t tick, int32_t node, int32_t thread,
 static ThreadInfo *
 watched(SamplerObject *self, PyThreadState *tstate)
 {
-    if (tstate->interp != self->interp
+    if (tstate->interp != self->interp) {
+        return NULL;
+    }
+    int32_t thread = known_thread(self, tstate);
+    if (thread >= 0) {
+        return &self->threads[thread];
+    }
+    /* A new thread's state holds the ident of the thread that made it
+       until the new thread starts and sets its own (before it takes the
+       GIL and pushes a frame): a state without frames is not yet known. */
+    if (tstate->cframe->current_frame == NULL
         || !(self->all_threads || tstate->thread_id == self->only_ident))
     {
         return NULL;
     }
-    int32_t thread = thread_index(self, tstate);
+    thread = thread_index(self, tstate);
     if (thread < 0) {
         self->out_of_memory = 1;
         return NULL;
