@@ -652,7 +652,9 @@ class ProcessTests(unittest.TestCase):
     def test_fork(self):
         sampler = Sampler(5000, all_threads=True)
         sampler.start()
-        work(1)
+        # Something recorded before the fork, however loaded the machine.
+        while not sampler._engine.info()["samples"]:
+            work(1)
         pid = os.fork()
         if pid == 0:
             status = 0
