@@ -20,6 +20,8 @@ extern "C" {
    by address, `code_died` is told of each code object freed while a
    sampler runs, before its names are gone. */
 
+#define _PySampling_WAITING_SLOTS 128
+
 struct _Py_sampling_hooks {
     /* Set, with the interpreter's eval breaker, when a sample of the
        thread holding the GIL is wanted. */
@@ -31,9 +33,47 @@ struct _Py_sampling_hooks {
        without the GIL has the stack it had the last time the count was
        the same. */
     unsigned long gil_takes;
+    /* The threads waiting in take_gil(), by their states' addresses: kept
+       here, not in the states, because Py_Finalize() frees the states of
+       daemon threads that may still be there.  Written and read with the
+       GIL's mutex held; a thread that finds no free slot goes unmarked
+       (and is shown idle). */
+    PyThreadState *waiting[_PySampling_WAITING_SLOTS];
 };
 
 PyAPI_DATA(struct _Py_sampling_hooks) _PySampling;
+
+/* take_gil() is to wait: the slot it took, or -1. */
+static inline int
+_PySampling_StartWaiting(PyThreadState *tstate)
+{
+    for (int i = 0; i < _PySampling_WAITING_SLOTS; i++) {
+        if (_PySampling.waiting[i] == NULL) {
+            _PySampling.waiting[i] = tstate;
+            return i;
+        }
+    }
+    return -1;
+}
+
+static inline void
+_PySampling_StopWaiting(int slot)
+{
+    if (slot >= 0) {
+        _PySampling.waiting[slot] = NULL;
+    }
+}
+
+static inline int
+_PySampling_IsWaiting(PyThreadState *tstate)
+{
+    for (int i = 0; i < _PySampling_WAITING_SLOTS; i++) {
+        if (_PySampling.waiting[i] == tstate) {
+            return 1;
+        }
+    }
+    return 0;
+}
 
 /* Called by the eval loop when the eval breaker is set and a request is
    pending: records the stack of `tstate`, which holds the GIL. */

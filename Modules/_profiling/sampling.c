@@ -744,7 +744,7 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
             status = STATUS_RUNNING;
             w = ticks + carried;
         }
-        else if (tstate->waiting_for_gil) {
+        else if (_PySampling_IsWaiting(tstate)) {
             /* Off the CPU: its wait is no CPU time. */
             status = STATUS_GIL;
             w = self->cpu_mode ? 0 : ticks;
