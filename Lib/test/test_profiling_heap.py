@@ -232,6 +232,12 @@ class RuleTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             Virtual("x", -1)
 
+    def test_sizes_above_32_bits(self):
+        huge = Virtual("mapped file", 5 << 40)
+        snap = snapshot([huge])
+        self.assertEqual(snap.size(huge), 5 << 40)
+        self.assertEqual(snap.retained_size(huge), 5 << 40)
+
     def test_children_rule_gives_virtual_objects(self):
         class Pool:
             pass

@@ -56,13 +56,28 @@
 #define VIRTUAL_FLAG (1u << 31)
 #define TYPE_INDEX(word) ((word) & ~VIRTUAL_FLAG)
 
+/* 20 bytes: the address in two halves keeps the record 4-byte aligned;
+   a size that does not fit 32 bits is kept in `big_sizes`. */
 typedef struct {
-    uintptr_t address;      /* the object's; a virtual record's index in
-                               `virtuals` */
-    uint64_t size;
+    uint32_t address_low;   /* the object's address; a virtual record's */
+    uint32_t address_high;  /* index in `virtuals` */
+    uint32_t size;
     uint32_t type;
     uint32_t first_edge;
 } Record;
+
+#define BIG_SIZE UINT32_MAX
+
+typedef struct {
+    uint32_t record;
+    uint64_t size;
+} BigSize;
+
+static inline uintptr_t
+record_address(const Record *r)
+{
+    return (uintptr_t)(((uint64_t)r->address_high << 32) | r->address_low);
+}
 
 /* The children of a virtual record: `count` items from `first`. */
 typedef struct {
@@ -123,10 +138,18 @@ typedef struct {
     uint32_t nedges;
     uint32_t edges_capacity;
     uint32_t *ids;
+    /* While scanning; then `lookup`, its size no power of two, fuller. */
     IndexTable table;
+    int32_t *lookup;
+    uint32_t lookup_slots;
+    size_t peak_bytes;          /* what the scan held at its end */
     Alias *aliases;
     uint32_t naliases;
     uint32_t aliases_capacity;
+    /* By record, in order. */
+    BigSize *big_sizes;
+    uint32_t nbig_sizes;
+    uint32_t big_sizes_capacity;
     PyObject *type_names;       /* list of str */
     uintptr_t *type_addresses;  /* the type's address; 0 for a name */
     long pid;
@@ -209,13 +232,57 @@ grow(void **array, uint32_t *capacity, uint32_t used, size_t size)
 }
 
 
+/* Sizes */
+
+static uint64_t
+record_size(SnapshotObject *snap, uint32_t index)
+{
+    uint32_t size = snap->records[index].size;
+    if (size != BIG_SIZE) {
+        return size;
+    }
+    uint32_t low = 0, high = snap->nbig_sizes;
+    while (low < high) {
+        uint32_t mid = (low + high) / 2;
+        if (snap->big_sizes[mid].record < index) {
+            low = mid + 1;
+        }
+        else {
+            high = mid;
+        }
+    }
+    assert(low < snap->nbig_sizes && snap->big_sizes[low].record == index);
+    return snap->big_sizes[low].size;
+}
+
+/* Sets the size of a record, the records in order; -1 if out of memory. */
+static int
+set_size(SnapshotObject *snap, uint32_t index, uint64_t size)
+{
+    if (size < BIG_SIZE) {
+        snap->records[index].size = (uint32_t)size;
+        return 0;
+    }
+    assert(snap->nbig_sizes == 0
+           || snap->big_sizes[snap->nbig_sizes - 1].record < index);
+    if (grow((void **)&snap->big_sizes, &snap->big_sizes_capacity,
+             snap->nbig_sizes, sizeof(BigSize)) < 0)
+    {
+        return -1;
+    }
+    snap->big_sizes[snap->nbig_sizes++] = (BigSize){index, size};
+    snap->records[index].size = BIG_SIZE;
+    return 0;
+}
+
+
 /* The address table */
 
 static uintptr_t
 entry_address(SnapshotObject *snap, int32_t entry)
 {
     return entry >= ALIAS_BASE ? snap->aliases[entry - ALIAS_BASE].address
-                               : snap->records[entry].address;
+                               : record_address(&snap->records[entry]);
 }
 
 static uint32_t
@@ -236,14 +303,92 @@ entry_matches(void *owner, int32_t entry, const void *address)
     return entry_address(snap, entry) == (uintptr_t)address;
 }
 
+static inline uint32_t
+lookup_start(SnapshotObject *snap, uint32_t hash)
+{
+    return (uint32_t)(((uint64_t)hash * snap->lookup_slots) >> 32);
+}
+
 /* The record of the object at `address`, or -1. */
 static int32_t
 find_record(SnapshotObject *snap, uintptr_t address)
 {
-    int32_t entry = table_find(&snap->table, table_hash((void *)address, 0),
-                               snap, (void *)address, entry_matches);
+    uint32_t hash = table_hash((void *)address, 0);
+    int32_t entry = -1;
+    if (snap->lookup == NULL) {
+        entry = table_find(&snap->table, hash, snap, (void *)address,
+                           entry_matches);
+    }
+    else {
+        for (uint32_t i = lookup_start(snap, hash); ;
+             i = i + 1 == snap->lookup_slots ? 0 : i + 1)
+        {
+            int32_t slot = snap->lookup[i];
+            if (slot == 0) {
+                break;
+            }
+            if (entry_matches(snap, slot - 1, (void *)address)) {
+                entry = slot - 1;
+                break;
+            }
+        }
+    }
     return entry >= ALIAS_BASE ? snap->aliases[entry - ALIAS_BASE].record
                                : entry;
+}
+
+static void
+lookup_add(SnapshotObject *snap, int32_t entry)
+{
+    uint32_t i = lookup_start(snap, hash_of_entry(snap, entry));
+    while (snap->lookup[i] != 0) {
+        i = i + 1 == snap->lookup_slots ? 0 : i + 1;
+    }
+    snap->lookup[i] = entry + 1;
+}
+
+/* Once the scan is done: the arrays cut to their contents, and the
+   table made again, 7/8 full at most whatever the count (the scan's
+   grows by doubling).  -1 if out of memory. */
+static int
+compact(SnapshotObject *snap)
+{
+    snap->peak_bytes = (size_t)snap->records_capacity * sizeof(Record)
+                       + (size_t)snap->edges_capacity * sizeof(int32_t)
+                       + ((size_t)snap->table.mask + 1) * sizeof(int32_t)
+                       + (size_t)snap->aliases_capacity * sizeof(Alias);
+    Record *records = PyMem_RawRealloc(
+        snap->records, ((size_t)snap->nrecords + 1) * sizeof(Record));
+    int32_t *edges = PyMem_RawRealloc(
+        snap->edges, ((size_t)snap->nedges + 1) * sizeof(int32_t));
+    if (records != NULL) {
+        snap->records = records;
+        snap->records_capacity = snap->nrecords + 1;
+    }
+    if (edges != NULL) {
+        snap->edges = edges;
+        snap->edges_capacity = snap->nedges + 1;
+    }
+    table_clear(&snap->table);
+    uint64_t entries = (uint64_t)snap->nrecords + snap->naliases;
+    uint64_t slots = entries + entries / 7 + 1;
+    if (slots > UINT32_MAX) {
+        return -1;
+    }
+    snap->lookup_slots = (uint32_t)slots;
+    snap->lookup = PyMem_RawCalloc((size_t)slots, sizeof(int32_t));
+    if (snap->lookup == NULL) {
+        return -1;
+    }
+    for (uint32_t i = 0; i < snap->nrecords; i++) {
+        if (!(snap->records[i].type & VIRTUAL_FLAG)) {
+            lookup_add(snap, (int32_t)i);
+        }
+    }
+    for (uint32_t i = 0; i < snap->naliases; i++) {
+        lookup_add(snap, ALIAS_BASE + (int32_t)i);
+    }
+    return 0;
 }
 
 
@@ -487,7 +632,9 @@ new_record(Scan *scan, uintptr_t address, uint32_t type)
         return -1;
     }
     snap->records[snap->nrecords] = (Record){
-        .address = address, .size = 0, .type = type, .first_edge = 0};
+        .address_low = (uint32_t)address,
+        .address_high = (uint32_t)((uint64_t)address >> 32),
+        .size = 0, .type = type, .first_edge = 0};
     return (int32_t)snap->nrecords++;
 }
 
@@ -550,7 +697,9 @@ new_virtual(Scan *scan, int32_t type, uint64_t size)
     if (index < 0) {
         return -1;
     }
-    scan->snap->records[index].size = size;
+    if (set_size(scan->snap, (uint32_t)index, size) < 0) {
+        return -1;
+    }
     scan->virtuals[scan->nvirtuals++] = (Virtual){scan->nitems, 0};
     return index;
 }
@@ -560,7 +709,8 @@ new_virtual(Scan *scan, int32_t type, uint64_t size)
 static int
 add_item(Scan *scan, int32_t record, Item item)
 {
-    Virtual *virtual = &scan->virtuals[scan->snap->records[record].address];
+    Virtual *virtual = &scan->virtuals[record_address(
+        &scan->snap->records[record])];
     if (virtual->count == 0) {
         virtual->first = scan->nitems;
     }
@@ -920,10 +1070,8 @@ process_virtual_object(Scan *scan, int32_t index, PyObject *op,
             return -1;
         }
     }
-    Record *record = &scan->snap->records[index];
-    record->type = (uint32_t)type;
-    record->size = (uint64_t)size;
-    return 0;
+    scan->snap->records[index].type = (uint32_t)type;
+    return set_size(scan->snap, (uint32_t)index, (uint64_t)size);
 }
 
 static int
@@ -981,9 +1129,11 @@ process_object(Scan *scan, int32_t index, PyObject *op)
             goto error;
         }
     }
-    Record *record = &scan->snap->records[index];
-    record->type = (uint32_t)type;
-    record->size = (uint64_t)size;
+    scan->snap->records[index].type = (uint32_t)type;
+    if (set_size(scan->snap, (uint32_t)index, (uint64_t)size) < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
 add_kids:
     if (scan->failed) {
         PyErr_NoMemory();
@@ -1005,7 +1155,7 @@ error:
 static int
 process_virtual(Scan *scan, Record *record)
 {
-    Virtual virtual = scan->virtuals[record->address];
+    Virtual virtual = scan->virtuals[record_address(record)];
     for (uint32_t i = 0; i < virtual.count; i++) {
         Item item = scan->items[virtual.first + i];
         int err = item & 1 ? add_edge(scan, (int32_t)(item >> 1))
@@ -1137,7 +1287,8 @@ walk(Scan *scan, uint32_t from)
         int err = snap->records[i].type & VIRTUAL_FLAG
                   ? process_virtual(scan, &snap->records[i])
                   : process_object(scan, (int32_t)i,
-                                   (PyObject *)snap->records[i].address);
+                                   (PyObject *)record_address(
+                                       &snap->records[i]));
         if (err < 0) {
             return -1;
         }
@@ -1234,7 +1385,8 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
     for (uint32_t i = 0; i < u.count + scan->nruled; i++) {
         PyObject *op = i < u.count
             ? u.objects[i]
-            : (PyObject *)snap->records[scan->ruled[i - u.count]].address;
+            : (PyObject *)record_address(
+                  &snap->records[scan->ruled[i - u.count]]);
         if (_PyObject_IS_GC(op) && Py_TYPE(op)->tp_traverse != NULL) {
             Py_TYPE(op)->tp_traverse(op, count_ref, &u);
         }
@@ -1292,12 +1444,12 @@ assign_ids(SnapshotObject *snap, SnapshotObject *previous)
         Record *r = &snap->records[i];
         int32_t old = -1;
         if (previous != NULL && !(r->type & VIRTUAL_FLAG)) {
-            old = find_record(previous, r->address);
+            old = find_record(previous, record_address(r));
         }
         if (old >= 0) {
             Record *o = &previous->records[old];
             uint32_t t = TYPE_INDEX(r->type), ot = TYPE_INDEX(o->type);
-            if (o->address == r->address
+            if (record_address(o) == record_address(r)
                 && previous->type_addresses[ot] == snap->type_addresses[t]
                 && PyUnicode_Compare(
                        PyList_GET_ITEM(previous->type_names, ot),
@@ -1319,7 +1471,7 @@ release_scan(Scan *scan)
     SnapshotObject *snap = scan->snap;
     for (uint32_t i = 0; snap != NULL && i < snap->nrecords; i++) {
         if (!(snap->records[i].type & VIRTUAL_FLAG)) {
-            Py_DECREF((PyObject *)snap->records[i].address);
+            Py_DECREF((PyObject *)record_address(&snap->records[i]));
         }
     }
     for (uint32_t i = 0; i < scan->nitems; i++) {
@@ -1418,8 +1570,10 @@ snapshot_dealloc(SnapshotObject *self)
     PyMem_RawFree(self->edges);
     PyMem_RawFree(self->ids);
     PyMem_RawFree(self->aliases);
+    PyMem_RawFree(self->big_sizes);
     PyMem_RawFree(self->type_addresses);
     table_clear(&self->table);
+    PyMem_RawFree(self->lookup);
     free_analysis(self);
     Py_XDECREF(self->type_names);
     type->tp_free(self);
@@ -1588,7 +1742,7 @@ compute_dominators(SnapshotObject *self)
     for (uint32_t k = 0; k < n; k++) {
         int32_t v = order[n - 1 - k];
         idom[v] = order[n - 1 - dom[k]];
-        retained[v] = self->records[v].size;
+        retained[v] = record_size(self, (uint32_t)v);
     }
     for (uint32_t k = n - 1; k > 0; k--) {
         int32_t v = order[n - 1 - k];
@@ -1636,14 +1790,15 @@ _heap_Snapshot_record_impl(SnapshotObject *self, Py_ssize_t index)
     Record *r = &self->records[index];
     PyObject *address = r->type & VIRTUAL_FLAG
                         ? Py_NewRef(Py_None)
-                        : PyLong_FromVoidPtr((void *)r->address);
+                        : PyLong_FromVoidPtr((void *)record_address(r));
     if (address == NULL) {
         return NULL;
     }
     return Py_BuildValue("(kOKN)", (unsigned long)self->ids[index],
                          PyList_GET_ITEM(self->type_names,
                                          TYPE_INDEX(r->type)),
-                         (unsigned long long)r->size, address);
+                         (unsigned long long)record_size(
+                             self, (uint32_t)index), address);
 }
 
 /*[clinic input]
@@ -1853,7 +2008,7 @@ _heap_Snapshot_summary_impl(SnapshotObject *self)
             uint32_t w = (uint32_t)kids[cursor[depth - 1]++];
             uint32_t t = TYPE_INDEX(self->records[w].type);
             counts[3 * t]++;
-            counts[3 * t + 1] += self->records[w].size;
+            counts[3 * t + 1] += record_size(self, w);
             if (open[t] == 0) {
                 counts[3 * t + 2] += self->retained[w];
             }
@@ -1923,7 +2078,7 @@ tally_unmatched(SnapshotObject *snap, const uint8_t *matched, PyObject *out)
         Record *r = &snap->records[i];
         if (!matched[i] && !(r->type & VIRTUAL_FLAG)) {
             sums[2 * TYPE_INDEX(r->type)]++;
-            sums[2 * TYPE_INDEX(r->type) + 1] += r->size;
+            sums[2 * TYPE_INDEX(r->type) + 1] += record_size(snap, i);
         }
     }
     int err = 0;
@@ -2167,7 +2322,7 @@ _heap_Snapshot_write_heapsnapshot(SnapshotObject *self, PyObject *path)
                                                : NODE_OBJECT, ',');
         write_number(w, TYPE_INDEX(r->type), ',');
         write_number(w, self->ids[i], ',');
-        write_number(w, r->size, ',');
+        write_number(w, record_size(self, i), ',');
         write_number(w, edges_end(self, i) - r->first_edge, ',');
         write_text(w, "0,0\n");
     }
@@ -2225,17 +2380,18 @@ _heap_Snapshot_info_impl(SnapshotObject *self)
     uint64_t bytes = 0, objects = 0;
     for (uint32_t i = 0; i < self->nrecords; i++) {
         if (!(self->records[i].type & VIRTUAL_FLAG)) {
-            bytes += self->records[i].size;
+            bytes += record_size(self, i);
             objects++;
         }
     }
     size_t scratch = (size_t)self->records_capacity * sizeof(Record)
                      + (size_t)self->edges_capacity * sizeof(int32_t)
                      + (size_t)self->nrecords * sizeof(uint32_t)
-                     + ((size_t)self->table.mask + 1) * sizeof(int32_t)
-                     + (size_t)self->aliases_capacity * sizeof(Alias);
+                     + (size_t)self->lookup_slots * sizeof(int32_t)
+                     + (size_t)self->aliases_capacity * sizeof(Alias)
+                     + (size_t)self->big_sizes_capacity * sizeof(BigSize);
     return Py_BuildValue(
-        "{sIsKsKsIsIsKsKsIsdslsn}",
+        "{sIsKsKsIsIsKsKsIsdslsnsn}",
         "records", self->nrecords,
         "objects", (unsigned long long)objects,
         "bytes", (unsigned long long)bytes,
@@ -2246,7 +2402,8 @@ _heap_Snapshot_info_impl(SnapshotObject *self)
         "held_from_c", self->held_from_c,
         "seconds", self->seconds,
         "pid", self->pid,
-        "scanner_bytes", (Py_ssize_t)scratch);
+        "scanner_bytes", (Py_ssize_t)scratch,
+        "scan_peak_bytes", (Py_ssize_t)self->peak_bytes);
 }
 
 static PyMethodDef snapshot_methods[] = {
@@ -2388,6 +2545,9 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
                || add_roots(&scan, root_list, &held_edge) < 0
                || walk(&scan, 0) < 0
                || walk_held_from_c(&scan, held_edge) < 0);
+    if (!err && compact(snap) < 0) {
+        err = 1;
+    }
     if (!err) {
         snap->ids = PyMem_RawMalloc(((size_t)snap->nrecords + 1)
                                     * sizeof(uint32_t));
