@@ -398,6 +398,25 @@ class ObjectTests(unittest.TestCase):
             done.set()
             thread.join()
 
+    def test_why_names_each_step(self):
+        holder = Base()
+        holder.cache = {"entry": ["the value"]}
+        snap = snapshot()
+        lines = snap.why(holder.cache["entry"]).splitlines()
+        self.assertEqual(lines[0], "(roots)")
+        # A local of this frame; its attribute (from the folded __dict__);
+        # the dict's key.
+        self.assertIn(".holder -> ", lines[-3])
+        self.assertTrue(lines[-2].startswith(
+            "  .cache -> builtins.dict "), lines[-2])
+        self.assertTrue(lines[-1].startswith(
+            "  .entry -> builtins.list "), lines[-1])
+        data = snap._data
+        index = snap.index(holder.cache)
+        self.assertEqual(data.edge_name(index, snap.index(
+            holder.cache["entry"])), "entry")
+        self.assertIsNone(data.edge_name(index, 0))
+
     def test_held_from_c(self):
         held = ["held only from C"]
         marker = id(held)
@@ -541,6 +560,22 @@ class ExportTests(unittest.TestCase):
             self.assertLess(target, len(nodes))
         names = [data["strings"][n] for n in nodes[1::nfields]]
         self.assertEqual(names.count(f"{__name__}.Node"), 5)
+
+    def test_heapsnapshot_names_edges(self):
+        holder = {"a_distinct_key": ["value"]}
+        snap = snapshot([holder])
+        path = os.path.join(self.dir, "names.heapsnapshot")
+        snap.write_heapsnapshot(path)
+        with open(path) as f:
+            data = json.load(f)
+        meta = data["snapshot"]["meta"]
+        property_type = meta["edge_types"][0].index("property")
+        name = data["strings"].index("a_distinct_key")
+        nfields = len(meta["node_fields"])
+        target = snap.index(holder["a_distinct_key"]) * nfields
+        edges = data["edges"]
+        self.assertIn([property_type, name, target],
+                      [edges[i:i + 3] for i in range(0, len(edges), 3)])
 
     def test_summary_files(self):
         json_path = os.path.join(self.dir, "s.json")

@@ -73,6 +73,13 @@ typedef struct {
     uint64_t size;
 } BigSize;
 
+/* What an object is to the one that refers to it (a dict's key, a
+   variable's name), for the edges that have a name. */
+typedef struct {
+    uint32_t edge;
+    uint32_t name;      /* in edge_names */
+} NamedEdge;
+
 static inline uintptr_t
 record_address(const Record *r)
 {
@@ -114,6 +121,23 @@ enum {
     SIZERS
 };
 
+/* The names of the edges from the root and from frames. */
+enum {
+    NAME_SYS_MODULES, NAME_BUILTINS, NAME_FUNCTION, NAME_CODE, NAME_GLOBALS,
+    NAME_FRAME_BUILTINS, NAME_LOCALS, NAME_FRAME_OBJECT, NAMES
+};
+static const char *const name_texts[NAMES] = {
+    [NAME_SYS_MODULES] = "sys.modules",
+    [NAME_BUILTINS] = "builtins",
+    [NAME_FUNCTION] = "f_func",
+    [NAME_CODE] = "f_code",
+    [NAME_GLOBALS] = "f_globals",
+    [NAME_FRAME_BUILTINS] = "f_builtins",
+    [NAME_LOCALS] = "f_locals",
+    [NAME_FRAME_OBJECT] = "frame",
+};
+static PyObject *names[NAMES];
+
 /* Each sizer's __sizeof__ method, read from the type it is defined by. */
 static PyCFunction known_sizeof[SIZER_CALL];
 
@@ -150,6 +174,11 @@ typedef struct {
     BigSize *big_sizes;
     uint32_t nbig_sizes;
     uint32_t big_sizes_capacity;
+    /* By edge, in order. */
+    NamedEdge *named_edges;
+    uint32_t nnamed_edges;
+    uint32_t named_edges_capacity;
+    PyObject *edge_names;       /* list of str */
     PyObject *type_names;       /* list of str */
     uintptr_t *type_addresses;  /* the type's address; 0 for a name */
     long pid;
@@ -175,6 +204,11 @@ static PyThreadState *scanning;
 static PyThread_type_lock scan_lock;
 
 typedef struct {
+    PyObject *op;
+    PyObject *name;
+} Kid;
+
+typedef struct {
     SnapshotObject *snap;
     /* Types by address (or name), with their rules. */
     TypeEntry *types;
@@ -182,6 +216,7 @@ typedef struct {
     uint32_t types_capacity;
     IndexTable type_table;
     PyObject *names_to_types;   /* dict: virtual names to indexes */
+    PyObject *edge_name_indexes;    /* dict: edge names to indexes */
     PyTypeObject *last_type;
     uint32_t last_type_index;
     /* Sorted by address. */
@@ -193,10 +228,12 @@ typedef struct {
     uint32_t nvirtuals;
     uint32_t virtuals_capacity;
     Item *items;
+    PyObject **item_names;      /* borrowed */
     uint32_t nitems;
     uint32_t items_capacity;
-    /* The children of the object being processed. */
-    PyObject **kids;
+    /* The children of the object being processed, and what each is to it
+       (a str, borrowed; or NULL). */
+    Kid *kids;
     uint32_t nkids;
     uint32_t kids_capacity;
     /* The records whose children a rule gave: the references their
@@ -355,6 +392,8 @@ compact(SnapshotObject *snap)
 {
     snap->peak_bytes = (size_t)snap->records_capacity * sizeof(Record)
                        + (size_t)snap->edges_capacity * sizeof(int32_t)
+                       + (size_t)snap->named_edges_capacity
+                         * sizeof(NamedEdge)
                        + ((size_t)snap->table.mask + 1) * sizeof(int32_t)
                        + (size_t)snap->aliases_capacity * sizeof(Alias);
     Record *records = PyMem_RawRealloc(
@@ -651,6 +690,42 @@ add_edge(Scan *scan, int32_t target)
     return 0;
 }
 
+/* Names the edge added last. */
+static int
+name_edge(Scan *scan, PyObject *name)
+{
+    SnapshotObject *snap = scan->snap;
+    PyObject *known = PyDict_GetItemWithError(scan->edge_name_indexes, name);
+    long index;
+    if (known != NULL) {
+        index = PyLong_AsLong(known);
+    }
+    else if (PyErr_Occurred()) {
+        return -1;
+    }
+    else {
+        index = (long)PyList_GET_SIZE(snap->edge_names);
+        PyObject *number = PyLong_FromLong(index);
+        if (number == NULL
+            || PyDict_SetItem(scan->edge_name_indexes, name, number) < 0
+            || PyList_Append(snap->edge_names, name) < 0)
+        {
+            Py_XDECREF(number);
+            return -1;
+        }
+        Py_DECREF(number);
+    }
+    if (grow((void **)&snap->named_edges, &snap->named_edges_capacity,
+             snap->nnamed_edges, sizeof(NamedEdge)) < 0)
+    {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snap->named_edges[snap->nnamed_edges++] = (NamedEdge){
+        snap->nedges - 1, (uint32_t)index};
+    return 0;
+}
+
 /* The record of `op`, made (and a reference to `op` taken) if new. */
 static int32_t
 record_of(Scan *scan, PyObject *op)
@@ -704,10 +779,10 @@ new_virtual(Scan *scan, int32_t type, uint64_t size)
     return index;
 }
 
-/* Adds an item to a virtual record: each one's items are added together,
-   one record after the other. */
+/* Adds an item to a virtual record, with its name or NULL: each one's
+   items are added together, one record after the other. */
 static int
-add_item(Scan *scan, int32_t record, Item item)
+add_named_item(Scan *scan, int32_t record, Item item, PyObject *name)
 {
     Virtual *virtual = &scan->virtuals[record_address(
         &scan->snap->records[record])];
@@ -715,17 +790,27 @@ add_item(Scan *scan, int32_t record, Item item)
         virtual->first = scan->nitems;
     }
     assert(virtual->first + virtual->count == scan->nitems);
-    if (grow((void **)&scan->items, &scan->items_capacity, scan->nitems,
-             sizeof(Item)) < 0)
+    uint32_t capacity = scan->items_capacity;
+    if (grow((void **)&scan->items, &capacity, scan->nitems,
+             sizeof(Item)) < 0
+        || grow((void **)&scan->item_names, &scan->items_capacity,
+                scan->nitems, sizeof(PyObject *)) < 0)
     {
         return -1;
     }
     if (!(item & 1)) {
         Py_INCREF((PyObject *)item);
     }
+    scan->item_names[scan->nitems] = name;
     scan->items[scan->nitems++] = item;
     virtual->count++;
     return 0;
+}
+
+static int
+add_item(Scan *scan, int32_t record, Item item)
+{
+    return add_named_item(scan, record, item, NULL);
 }
 
 static int
@@ -734,24 +819,52 @@ add_object_item(Scan *scan, int32_t record, PyObject *op)
     return op == NULL ? 0 : add_item(scan, record, (Item)op);
 }
 
+static int
+add_named_object(Scan *scan, int32_t record, PyObject *op, PyObject *name)
+{
+    return op == NULL ? 0 : add_named_item(scan, record, (Item)op, name);
+}
+
 
 /* Children */
 
 static int
-collect_kid(PyObject *op, void *arg)
+collect_named(Scan *scan, PyObject *op, PyObject *name)
 {
-    Scan *scan = arg;
     if (op == NULL) {
         return 0;
     }
     if (grow((void **)&scan->kids, &scan->kids_capacity, scan->nkids,
-             sizeof(PyObject *)) < 0)
+             sizeof(Kid)) < 0)
     {
         scan->failed = 1;
         return -1;
     }
-    scan->kids[scan->nkids++] = op;
+    scan->kids[scan->nkids++] = (Kid){op, name};
     return 0;
+}
+
+static int
+collect_kid(PyObject *op, void *arg)
+{
+    return collect_named(arg, op, NULL);
+}
+
+/* A dict's keys, and its values named by their keys when those are str:
+   what its tp_traverse visits, with the names. */
+static void
+collect_dict(Scan *scan, PyObject *dict)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        if (collect_kid(key, scan) < 0
+            || collect_named(scan, value,
+                             PyUnicode_CheckExact(key) ? key : NULL) < 0)
+        {
+            return;
+        }
+    }
 }
 
 /* What a code object refers to: code objects have no tp_traverse. */
@@ -771,14 +884,51 @@ collect_code(Scan *scan, PyCodeObject *code)
     }
 }
 
+/* Names the children that are an instance's attributes kept in its
+   values array (no dict made yet): by the keys its type shares. */
+static void
+name_attributes(Scan *scan, PyObject *op)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    if (!(type->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+        || *_PyObject_ManagedDictPointer(op) != NULL)
+    {
+        return;
+    }
+    PyDictValues *values = *_PyObject_ValuesPointer(op);
+    PyDictKeysObject *keys = ((PyHeapTypeObject *)type)->ht_cached_keys;
+    if (values == NULL || keys == NULL
+        || keys->dk_kind == DICT_KEYS_GENERAL)
+    {
+        return;
+    }
+    PyDictUnicodeEntry *entries = DK_UNICODE_ENTRIES(keys);
+    for (Py_ssize_t i = 0; i < keys->dk_nentries; i++) {
+        PyObject *value = values->values[i];
+        if (value == NULL) {
+            continue;
+        }
+        for (uint32_t k = 0; k < scan->nkids; k++) {
+            if (scan->kids[k].op == value && scan->kids[k].name == NULL) {
+                scan->kids[k].name = entries[i].me_key;
+                break;
+            }
+        }
+    }
+}
+
 /* The children of an object by default: what tp_traverse visits. */
 static void
 collect_default(Scan *scan, PyObject *op)
 {
     PyTypeObject *type = Py_TYPE(op);
-    if (_PyObject_IS_GC(op)) {
+    if (PyDict_CheckExact(op)) {
+        collect_dict(scan, op);
+    }
+    else if (_PyObject_IS_GC(op)) {
         if (type->tp_traverse != NULL) {
             type->tp_traverse(op, collect_kid, scan);
+            name_attributes(scan, op);
         }
     }
     else if (PyCode_Check(op)) {
@@ -997,7 +1147,7 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
         return 0;
     }
     uint32_t at;
-    for (at = 0; at < scan->nkids && scan->kids[at] != dict; at++) {
+    for (at = 0; at < scan->nkids && scan->kids[at].op != dict; at++) {
     }
     SnapshotObject *snap = scan->snap;
     uint32_t hash = table_hash(dict, 0);
@@ -1140,8 +1290,13 @@ add_kids:
         goto error;
     }
     for (uint32_t i = 0; i < scan->nkids; i++) {
-        if (add_child(scan, scan->kids[i]) < 0) {
-            PyErr_NoMemory();
+        if (add_child(scan, scan->kids[i].op) < 0
+            || (scan->kids[i].name != NULL
+                && name_edge(scan, scan->kids[i].name) < 0))
+        {
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
             goto error;
         }
     }
@@ -1158,10 +1313,13 @@ process_virtual(Scan *scan, Record *record)
     Virtual virtual = scan->virtuals[record_address(record)];
     for (uint32_t i = 0; i < virtual.count; i++) {
         Item item = scan->items[virtual.first + i];
+        PyObject *name = scan->item_names[virtual.first + i];
         int err = item & 1 ? add_edge(scan, (int32_t)(item >> 1))
                            : add_child(scan, (PyObject *)item);
-        if (err < 0) {
-            PyErr_NoMemory();
+        if (err < 0 || (name != NULL && name_edge(scan, name) < 0)) {
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
             return -1;
         }
     }
@@ -1187,6 +1345,23 @@ add_roots(Scan *scan, PyObject *roots, uint32_t *held_item)
     if (new_virtual(scan, named_type_str(scan, "(roots)"), 0) != 0) {
         return -1;
     }
+    /* sys.modules and the modules in it are recorded first, and so
+       processed before the frames: module dicts fold into their modules
+       before the frames reach them as globals. */
+    int32_t modules = record_of(scan, interp->modules);
+    if (modules < 0) {
+        return -1;
+    }
+    if (PyDict_Check(interp->modules)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *module;
+        while (PyDict_Next(interp->modules, &pos, &key, &module)) {
+            if (record_of(scan, module) < 0) {
+                return -1;
+            }
+        }
+    }
+    int32_t first_thread = (int32_t)scan->snap->nrecords;
     uint32_t nthreads = 0;
     for (PyThreadState *t = interp->threads.head; t != NULL; t = t->next) {
         char label[64];
@@ -1216,13 +1391,13 @@ add_roots(Scan *scan, PyObject *roots, uint32_t *held_item)
             }
         }
     }
-    /* sys.modules first, so that module dicts fold into their modules
-       before frames reach them as globals. */
-    if (add_object_item(scan, 0, interp->modules) < 0) {
+    if (add_named_item(scan, 0, ITEM_OF_RECORD(modules),
+                       names[NAME_SYS_MODULES]) < 0)
+    {
         return -1;
     }
     for (uint32_t i = 0; i < nthreads; i++) {
-        if (add_item(scan, 0, ITEM_OF_RECORD(1 + i)) < 0) {
+        if (add_item(scan, 0, ITEM_OF_RECORD(first_thread + i)) < 0) {
             return -1;
         }
     }
@@ -1234,15 +1409,17 @@ add_roots(Scan *scan, PyObject *roots, uint32_t *held_item)
             return -1;
         }
     }
-    if (add_object_item(scan, 0, interp->builtins) < 0) {
+    if (add_named_object(scan, 0, interp->builtins,
+                         names[NAME_BUILTINS]) < 0)
+    {
         return -1;
     }
     *held_item = scan->nitems;
     if (add_item(scan, 0, ITEM_OF_RECORD(0)) < 0) {
         return -1;
     }
-    int32_t thread = 1;
-    int32_t frame_record = 1 + (int32_t)nthreads;
+    int32_t thread = first_thread;
+    int32_t frame_record = first_thread + (int32_t)nthreads;
     for (PyThreadState *t = interp->threads.head; t != NULL; t = t->next) {
         FOR_EACH_FRAME(t, frame) {
             if (add_item(scan, thread, ITEM_OF_RECORD(frame_record++)) < 0) {
@@ -1251,22 +1428,28 @@ add_roots(Scan *scan, PyObject *roots, uint32_t *held_item)
         }
         thread++;
     }
-    frame_record = 1 + (int32_t)nthreads;
+    frame_record = first_thread + (int32_t)nthreads;
     for (PyThreadState *t = interp->threads.head; t != NULL; t = t->next) {
         FOR_EACH_FRAME(t, frame) {
             int32_t r = frame_record++;
             PyObject *specials[] = {
-                (PyObject *)frame->f_func, (PyObject *)frame->f_code,
-                frame->f_globals, frame->f_builtins, frame->f_locals,
-                (PyObject *)frame->frame_obj,
+                [NAME_FUNCTION] = (PyObject *)frame->f_func,
+                [NAME_CODE] = (PyObject *)frame->f_code,
+                [NAME_GLOBALS] = frame->f_globals,
+                [NAME_FRAME_BUILTINS] = frame->f_builtins,
+                [NAME_LOCALS] = frame->f_locals,
+                [NAME_FRAME_OBJECT] = (PyObject *)frame->frame_obj,
             };
-            for (size_t i = 0; i < Py_ARRAY_LENGTH(specials); i++) {
-                if (add_object_item(scan, r, specials[i]) < 0) {
+            for (int i = NAME_FUNCTION; i < NAMES; i++) {
+                if (add_named_object(scan, r, specials[i], names[i]) < 0) {
                     return -1;
                 }
             }
+            PyObject *variables = frame->f_code->co_localsplusnames;
             for (int i = 0; i < frame->f_code->co_nlocalsplus; i++) {
-                if (add_object_item(scan, r, frame->localsplus[i]) < 0) {
+                if (add_named_object(scan, r, frame->localsplus[i],
+                                     PyTuple_GET_ITEM(variables, i)) < 0)
+                {
                     return -1;
                 }
             }
@@ -1493,6 +1676,8 @@ release_scan(Scan *scan)
     PyMem_RawFree(scan->object_rules);
     PyMem_RawFree(scan->virtuals);
     PyMem_RawFree(scan->items);
+    PyMem_RawFree(scan->item_names);
+    Py_XDECREF(scan->edge_name_indexes);
     PyMem_RawFree(scan->kids);
     PyMem_RawFree(scan->ruled);
 }
@@ -1571,6 +1756,8 @@ snapshot_dealloc(SnapshotObject *self)
     PyMem_RawFree(self->ids);
     PyMem_RawFree(self->aliases);
     PyMem_RawFree(self->big_sizes);
+    PyMem_RawFree(self->named_edges);
+    Py_XDECREF(self->edge_names);
     PyMem_RawFree(self->type_addresses);
     table_clear(&self->table);
     PyMem_RawFree(self->lookup);
@@ -1855,6 +2042,52 @@ _heap_Snapshot_children_impl(SnapshotObject *self, Py_ssize_t index)
     uint32_t first = self->records[index].first_edge;
     return index_list(self->edges + first,
                       edges_end(self, (uint32_t)index) - first);
+}
+
+/*[clinic input]
+_heap.Snapshot.edge_name
+
+    index: Py_ssize_t
+    child: Py_ssize_t
+    /
+
+What a record's child is to it: a name (str), a position (int), or None.
+
+The name is a dict's key, an attribute's or a variable's name; the
+position, the child's among the record's references otherwise.  None
+when the child is not the record's.
+[clinic start generated code]*/
+
+static PyObject *
+_heap_Snapshot_edge_name_impl(SnapshotObject *self, Py_ssize_t index,
+                              Py_ssize_t child)
+/*[clinic end generated code: output=d529a1f17167f1dc input=379e1d2a3e026cbe]*/
+{
+    if (check_index(self, index) < 0 || check_index(self, child) < 0) {
+        return NULL;
+    }
+    uint32_t first = self->records[index].first_edge;
+    for (uint32_t e = first; e < edges_end(self, (uint32_t)index); e++) {
+        if (self->edges[e] != child) {
+            continue;
+        }
+        uint32_t low = 0, high = self->nnamed_edges;
+        while (low < high) {
+            uint32_t mid = (low + high) / 2;
+            if (self->named_edges[mid].edge < e) {
+                low = mid + 1;
+            }
+            else {
+                high = mid;
+            }
+        }
+        if (low < self->nnamed_edges && self->named_edges[low].edge == e) {
+            return Py_NewRef(PyList_GET_ITEM(self->edge_names,
+                                             self->named_edges[low].name));
+        }
+        return PyLong_FromUnsignedLong(e - first);
+    }
+    Py_RETURN_NONE;
 }
 
 /*[clinic input]
@@ -2251,7 +2484,7 @@ write_string(Writer *w, PyObject *text)
 /* DevTools' node and edge fields, and the types we use. */
 #define NODE_FIELDS 7
 enum {NODE_OBJECT = 3, NODE_SYNTHETIC = 9};
-enum {EDGE_ELEMENT = 1};
+enum {EDGE_ELEMENT = 1, EDGE_PROPERTY = 2};
 
 static const char heapsnapshot_meta[] =
     "{\"snapshot\":{\"meta\":{"
@@ -2327,27 +2560,41 @@ _heap_Snapshot_write_heapsnapshot(SnapshotObject *self, PyObject *path)
         write_text(w, "0,0\n");
     }
     write_text(w, "],\n\"edges\":[");
+    uint32_t named = 0;
+    uint64_t ntypes = (uint64_t)PyList_GET_SIZE(self->type_names);
     for (uint32_t i = 0; i < self->nrecords; i++) {
         uint32_t first = self->records[i].first_edge;
         for (uint32_t e = first; e < edges_end(self, i); e++) {
             if (e) {
                 write_bytes(w, ",", 1);
             }
-            write_number(w, EDGE_ELEMENT, ',');
-            write_number(w, e - first, ',');
+            if (named < self->nnamed_edges
+                && self->named_edges[named].edge == e)
+            {
+                write_number(w, EDGE_PROPERTY, ',');
+                write_number(w, ntypes + self->named_edges[named++].name,
+                             ',');
+            }
+            else {
+                write_number(w, EDGE_ELEMENT, ',');
+                write_number(w, e - first, ',');
+            }
             write_number(w, (uint64_t)self->edges[e] * NODE_FIELDS, '\n');
         }
     }
     write_text(w, "],\n\"trace_function_infos\":[],\"trace_tree\":[],"
                   "\"samples\":[],\"locations\":[],\n\"strings\":[");
     int err = 0;
-    for (Py_ssize_t t = 0; t < PyList_GET_SIZE(self->type_names); t++) {
-        if (t) {
-            write_bytes(w, ",", 1);
-        }
-        if (write_string(w, PyList_GET_ITEM(self->type_names, t)) < 0) {
-            err = -1;
-            break;
+    PyObject *lists[] = {self->type_names, self->edge_names};
+    for (int l = 0; l < 2 && !err; l++) {
+        for (Py_ssize_t t = 0; t < PyList_GET_SIZE(lists[l]); t++) {
+            if (l || t) {
+                write_bytes(w, ",", 1);
+            }
+            if (write_string(w, PyList_GET_ITEM(lists[l], t)) < 0) {
+                err = -1;
+                break;
+            }
         }
     }
     write_text(w, "]}\n");
@@ -2389,7 +2636,9 @@ _heap_Snapshot_info_impl(SnapshotObject *self)
                      + (size_t)self->nrecords * sizeof(uint32_t)
                      + (size_t)self->lookup_slots * sizeof(int32_t)
                      + (size_t)self->aliases_capacity * sizeof(Alias)
-                     + (size_t)self->big_sizes_capacity * sizeof(BigSize);
+                     + (size_t)self->big_sizes_capacity * sizeof(BigSize)
+                     + (size_t)self->named_edges_capacity
+                       * sizeof(NamedEdge);
     return Py_BuildValue(
         "{sIsKsKsIsIsKsKsIsdslsnsn}",
         "records", self->nrecords,
@@ -2410,6 +2659,7 @@ static PyMethodDef snapshot_methods[] = {
     _HEAP_SNAPSHOT_RECORD_METHODDEF
     _HEAP_SNAPSHOT_FIND_METHODDEF
     _HEAP_SNAPSHOT_CHILDREN_METHODDEF
+    _HEAP_SNAPSHOT_EDGE_NAME_METHODDEF
     _HEAP_SNAPSHOT_REFERRERS_METHODDEF
     _HEAP_SNAPSHOT_PATH_METHODDEF
     _HEAP_SNAPSHOT_DOMINATOR_METHODDEF
@@ -2530,17 +2780,20 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
            sizeof(SnapshotObject) - sizeof(PyObject));
     snap->pid = (long)getpid();
     snap->type_names = PyList_New(0);
+    snap->edge_names = PyList_New(0);
     Scan scan = {.snap = snap, .type_rule = type_rule,
                  .virtual_type = virtual_type == Py_None
                                  ? NULL : (PyTypeObject *)virtual_type,
                  .progress = progress};
     scan.names_to_types = PyDict_New();
+    scan.edge_name_indexes = PyDict_New();
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     scanning = tstate;
     int gc_was_enabled = PyGC_Disable();
     uint32_t held_edge = 0;
     int err = (snap->type_names == NULL || scan.names_to_types == NULL
+               || snap->edge_names == NULL || scan.edge_name_indexes == NULL
                || read_object_rules(&scan, object_rules) < 0
                || add_roots(&scan, root_list, &held_edge) < 0
                || walk(&scan, 0) < 0
@@ -2610,6 +2863,14 @@ heap_exec(PyObject *module)
         if (scan_lock == NULL) {
             PyErr_NoMemory();
             return -1;
+        }
+    }
+    for (int i = 0; i < NAMES; i++) {
+        if (names[i] == NULL) {
+            names[i] = PyUnicode_InternFromString(name_texts[i]);
+            if (names[i] == NULL) {
+                return -1;
+            }
         }
     }
     PyTypeObject *sizers[SIZER_CALL] = {

@@ -184,7 +184,12 @@ class Tally:
         self.failures = []
 
     def add_junit(self, path, label):
-        """Count the test cases of a regrtest --junit-xml file."""
+        """Count the test cases of a regrtest --junit-xml file; a file
+        regrtest did not write (it died) is one failure."""
+        if not os.path.exists(path):
+            self.failed += 1
+            self.failures.append(f"{label}: regrtest wrote no results")
+            return
         root = ET.parse(path).getroot()
         for case in root.iter("testcase"):
             ident = case_id(case)
@@ -315,6 +320,8 @@ def in_module(ident, mod):
 
 
 def cases_of(xml, mod):
+    if not os.path.exists(xml):
+        return
     root = ET.parse(xml).getroot()
     for case in root.iter("testcase"):
         if in_module(case_id(case), mod):
@@ -333,6 +340,8 @@ def module_has_failing_case(xml, mod):
 
 
 def drop_modules(xml, mods):
+    if not os.path.exists(xml):
+        return
     tree = ET.parse(xml)
     root = tree.getroot()
     for suite in list(root):

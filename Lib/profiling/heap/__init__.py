@@ -300,6 +300,19 @@ class Snapshot:
         """The Nodes on a shortest path from the root to an object."""
         return [self.node(i) for i in self._data.path(self._node_of(obj))]
 
+    def why(self, obj):
+        """Why an object is alive: a shortest path from the root, a line a
+        step, each with what the step is to the one before (a dict's key,
+        an attribute's or a variable's name, or a position)."""
+        path = self.path(obj)
+        lines = [path[0].type]
+        for parent, node in zip(path, path[1:]):
+            name = self._data.edge_name(parent.index, node.index)
+            label = f".{name}" if isinstance(name, str) else f"[{name}]"
+            lines.append(f"  {label} -> {node.type} ({node.size} bytes, "
+                         f"id {node.id})")
+        return "\n".join(lines)
+
     def diff(self, older):
         """DiffRows per type, objects new in this snapshot and gone since
         the older one (matched by id), by new bytes."""
