@@ -6,7 +6,10 @@ Builds a heap of about N objects (default one million) besides the
 interpreter's own, then, the median of the rounds:
 
   scan        profiling.heap.snapshot(): objects per second
-  scratch     the snapshot's own bytes per record (records, edges, table)
+  scratch     the snapshot's own bytes per record (records, edges, table),
+              after the scan and at its end (before the arrays are cut to
+              size): for the first snapshot, and for the next ones, which
+              size their arrays from the one before
   dominators  dominators and retained sizes of every record
   summary     the summary by type
   export      writing the .heapsnapshot (and, with --devtools, DevTools'
@@ -83,18 +86,21 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.heapsnapshot")
-        for _ in range(ns.rounds):
+        snap = None
+        for round_ in range(ns.rounds):
+            # The snapshot before is kept, as for a diff: the scan sizes
+            # its arrays from it.
             seconds, snap = timed(lambda: profiling.heap.snapshot([heap]))
             info = snap.info()
             record("scan", seconds, info["records"])
             record("scratch", info["scanner_bytes"] / info["records"])
-            record("scratch at peak",
+            record("scratch at peak" if round_ else
+                   "scratch at peak, first",
                    info["scan_peak_bytes"] / info["records"])
             record("dominators", timed(lambda: snap._data.retained(0))[0])
             record("summary", timed(snap.summary)[0])
             record("export",
                    timed(lambda: snap.write_heapsnapshot(path))[0])
-            del snap
             seconds, count = timed(
                 lambda: python_walk(list(sys.modules.values()) + [heap]))
             record("referents", seconds, count)

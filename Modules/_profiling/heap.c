@@ -162,10 +162,10 @@ typedef struct {
     uint32_t nedges;
     uint32_t edges_capacity;
     uint32_t *ids;
-    /* While scanning; then `lookup`, its size no power of two, fuller. */
-    IndexTable table;
+    /* Records (and aliases) by address. */
     int32_t *lookup;
     uint32_t lookup_slots;
+    uint32_t lookup_used;
     size_t peak_bytes;          /* what the scan held at its end */
     Alias *aliases;
     uint32_t naliases;
@@ -209,6 +209,11 @@ typedef struct {
 } Kid;
 
 typedef struct {
+    PyObject *name;
+    uint32_t index;
+} NameCache;
+
+typedef struct {
     SnapshotObject *snap;
     /* Types by address (or name), with their rules. */
     TypeEntry *types;
@@ -217,6 +222,7 @@ typedef struct {
     IndexTable type_table;
     PyObject *names_to_types;   /* dict: virtual names to indexes */
     PyObject *edge_name_indexes;    /* dict: edge names to indexes */
+    NameCache name_cache[256];
     PyTypeObject *last_type;
     uint32_t last_type_index;
     /* Sorted by address. */
@@ -255,7 +261,9 @@ grow(void **array, uint32_t *capacity, uint32_t used, size_t size)
     if (used < *capacity) {
         return 0;
     }
-    uint64_t wanted = *capacity ? (uint64_t)*capacity * 2 : 256;
+    /* By half again: the slack of the big arrays counts in the scan's
+       memory. */
+    uint64_t wanted = *capacity ? (uint64_t)*capacity + *capacity / 2 : 256;
     if (wanted > UINT32_MAX || wanted * size > PY_SSIZE_T_MAX) {
         return -1;
     }
@@ -346,47 +354,93 @@ lookup_start(SnapshotObject *snap, uint32_t hash)
     return (uint32_t)(((uint64_t)hash * snap->lookup_slots) >> 32);
 }
 
+/* The table's entry for `address`, or -1. */
+static int32_t
+lookup_find(SnapshotObject *snap, uintptr_t address, uint32_t hash)
+{
+    if (snap->lookup == NULL) {
+        return -1;
+    }
+    for (uint32_t i = lookup_start(snap, hash); ;
+         i = i + 1 == snap->lookup_slots ? 0 : i + 1)
+    {
+        int32_t slot = snap->lookup[i];
+        if (slot == 0) {
+            return -1;
+        }
+        if (entry_matches(snap, slot - 1, (void *)address)) {
+            return slot - 1;
+        }
+    }
+}
+
 /* The record of the object at `address`, or -1. */
 static int32_t
 find_record(SnapshotObject *snap, uintptr_t address)
 {
-    uint32_t hash = table_hash((void *)address, 0);
-    int32_t entry = -1;
-    if (snap->lookup == NULL) {
-        entry = table_find(&snap->table, hash, snap, (void *)address,
-                           entry_matches);
-    }
-    else {
-        for (uint32_t i = lookup_start(snap, hash); ;
-             i = i + 1 == snap->lookup_slots ? 0 : i + 1)
-        {
-            int32_t slot = snap->lookup[i];
-            if (slot == 0) {
-                break;
-            }
-            if (entry_matches(snap, slot - 1, (void *)address)) {
-                entry = slot - 1;
-                break;
-            }
-        }
-    }
+    int32_t entry = lookup_find(snap, address,
+                                table_hash((void *)address, 0));
     return entry >= ALIAS_BASE ? snap->aliases[entry - ALIAS_BASE].record
                                : entry;
 }
 
 static void
-lookup_add(SnapshotObject *snap, int32_t entry)
+lookup_add(SnapshotObject *snap, int32_t entry, uint32_t hash)
 {
-    uint32_t i = lookup_start(snap, hash_of_entry(snap, entry));
+    uint32_t i = lookup_start(snap, hash);
     while (snap->lookup[i] != 0) {
         i = i + 1 == snap->lookup_slots ? 0 : i + 1;
     }
     snap->lookup[i] = entry + 1;
+    snap->lookup_used++;
+}
+
+/* Makes the table `slots` long and fills it again from the records and
+   aliases.  Its size is no power of two: the start of a probe is found
+   by multiplying the hash (Lemire's reduction), so that the table is as
+   full as wished, whatever the count.  -1 when out of memory. */
+static int
+lookup_resize(SnapshotObject *snap, uint64_t slots)
+{
+    if (slots > UINT32_MAX) {
+        return -1;
+    }
+    int32_t *table = PyMem_RawCalloc((size_t)slots, sizeof(int32_t));
+    if (table == NULL) {
+        return -1;
+    }
+    PyMem_RawFree(snap->lookup);
+    snap->lookup = table;
+    snap->lookup_slots = (uint32_t)slots;
+    snap->lookup_used = 0;
+    for (uint32_t i = 0; i < snap->nrecords; i++) {
+        if (!(snap->records[i].type & VIRTUAL_FLAG)) {
+            lookup_add(snap, (int32_t)i, hash_of_entry(snap, (int32_t)i));
+        }
+    }
+    for (uint32_t i = 0; i < snap->naliases; i++) {
+        int32_t entry = ALIAS_BASE + (int32_t)i;
+        lookup_add(snap, entry, hash_of_entry(snap, entry));
+    }
+    return 0;
+}
+
+/* Room for one more entry while scanning: the table is at most 3/4 full
+   (new objects are misses, whose probes grow fast past that), and grows
+   to half full.  -1 when out of memory. */
+static int
+lookup_reserve(SnapshotObject *snap)
+{
+    uint64_t needed = (uint64_t)snap->lookup_used + 1;
+    if (snap->lookup != NULL && needed * 4 <= (uint64_t)snap->lookup_slots * 3)
+    {
+        return 0;
+    }
+    return lookup_resize(snap, Py_MAX(needed * 2, 1024));
 }
 
 /* Once the scan is done: the arrays cut to their contents, and the
-   table made again, 7/8 full at most whatever the count (the scan's
-   grows by doubling).  -1 if out of memory. */
+   table made 7/8 full (lookups are few now).  -1 if out of memory. */
 static int
 compact(SnapshotObject *snap)
 {
@@ -394,7 +448,7 @@ compact(SnapshotObject *snap)
                        + (size_t)snap->edges_capacity * sizeof(int32_t)
                        + (size_t)snap->named_edges_capacity
                          * sizeof(NamedEdge)
-                       + ((size_t)snap->table.mask + 1) * sizeof(int32_t)
+                       + (size_t)snap->lookup_slots * sizeof(int32_t)
                        + (size_t)snap->aliases_capacity * sizeof(Alias);
     Record *records = PyMem_RawRealloc(
         snap->records, ((size_t)snap->nrecords + 1) * sizeof(Record));
@@ -408,26 +462,15 @@ compact(SnapshotObject *snap)
         snap->edges = edges;
         snap->edges_capacity = snap->nedges + 1;
     }
-    table_clear(&snap->table);
-    uint64_t entries = (uint64_t)snap->nrecords + snap->naliases;
-    uint64_t slots = entries + entries / 7 + 1;
-    if (slots > UINT32_MAX) {
-        return -1;
+    NamedEdge *named = PyMem_RawRealloc(
+        snap->named_edges, ((size_t)snap->nnamed_edges + 1)
+                           * sizeof(NamedEdge));
+    if (named != NULL) {
+        snap->named_edges = named;
+        snap->named_edges_capacity = snap->nnamed_edges + 1;
     }
-    snap->lookup_slots = (uint32_t)slots;
-    snap->lookup = PyMem_RawCalloc((size_t)slots, sizeof(int32_t));
-    if (snap->lookup == NULL) {
-        return -1;
-    }
-    for (uint32_t i = 0; i < snap->nrecords; i++) {
-        if (!(snap->records[i].type & VIRTUAL_FLAG)) {
-            lookup_add(snap, (int32_t)i);
-        }
-    }
-    for (uint32_t i = 0; i < snap->naliases; i++) {
-        lookup_add(snap, ALIAS_BASE + (int32_t)i);
-    }
-    return 0;
+    uint64_t entries = snap->lookup_used;
+    return lookup_resize(snap, entries + entries / 7 + 1);
 }
 
 
@@ -695,9 +738,18 @@ static int
 name_edge(Scan *scan, PyObject *name)
 {
     SnapshotObject *snap = scan->snap;
-    PyObject *known = PyDict_GetItemWithError(scan->edge_name_indexes, name);
+    /* Names are mostly the same few str objects (attribute names): a
+       direct-mapped cache by address before the dict. */
+    NameCache *cached = &scan->name_cache[table_hash(name, 0)
+                                          % Py_ARRAY_LENGTH(scan->name_cache)];
+    PyObject *known = NULL;
     long index;
-    if (known != NULL) {
+    if (cached->name == name) {
+        index = (long)cached->index;
+    }
+    else if ((known = PyDict_GetItemWithError(scan->edge_name_indexes,
+                                              name)) != NULL)
+    {
         index = PyLong_AsLong(known);
     }
     else if (PyErr_Occurred()) {
@@ -715,6 +767,10 @@ name_edge(Scan *scan, PyObject *name)
         }
         Py_DECREF(number);
     }
+    /* A name is a key or a variable name of an object the scan holds
+       (or one of `names`): its address stays its until the scan ends. */
+    cached->name = name;
+    cached->index = (uint32_t)index;
     if (grow((void **)&snap->named_edges, &snap->named_edges_capacity,
              snap->nnamed_edges, sizeof(NamedEdge)) < 0)
     {
@@ -732,19 +788,19 @@ record_of(Scan *scan, PyObject *op)
 {
     SnapshotObject *snap = scan->snap;
     uint32_t hash = table_hash(op, 0);
-    int32_t found = table_find(&snap->table, hash, snap, op, entry_matches);
+    int32_t found = lookup_find(snap, (uintptr_t)op, hash);
     if (found >= 0) {
         return found >= ALIAS_BASE ? snap->aliases[found - ALIAS_BASE].record
                                    : found;
     }
-    if (table_reserve(&snap->table, 3, snap, hash_of_entry) < 0) {
+    if (lookup_reserve(snap) < 0) {
         return -1;
     }
     int32_t index = new_record(scan, (uintptr_t)op, 0);
     if (index < 0) {
         return -1;
     }
-    table_add(&snap->table, hash, index);
+    lookup_add(snap, index, hash);
     Py_INCREF(op);
     return index;
 }
@@ -1151,8 +1207,7 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
     }
     SnapshotObject *snap = scan->snap;
     uint32_t hash = table_hash(dict, 0);
-    if (at == scan->nkids
-        || table_find(&snap->table, hash, snap, dict, entry_matches) >= 0)
+    if (at == scan->nkids || lookup_find(snap, (uintptr_t)dict, hash) >= 0)
     {
         return 0;
     }
@@ -1162,12 +1217,12 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
     if (grow((void **)&snap->aliases, &snap->aliases_capacity,
              snap->naliases, sizeof(Alias)) < 0
         || snap->naliases >= ALIAS_BASE
-        || table_reserve(&snap->table, 3, snap, hash_of_entry) < 0)
+        || lookup_reserve(snap) < 0)
     {
         return -1;
     }
     snap->aliases[snap->naliases] = (Alias){(uintptr_t)dict, index};
-    table_add(&snap->table, hash, ALIAS_BASE + (int32_t)snap->naliases++);
+    lookup_add(snap, ALIAS_BASE + (int32_t)snap->naliases++, hash);
     return 0;
 }
 
@@ -1647,6 +1702,37 @@ assign_ids(SnapshotObject *snap, SnapshotObject *previous)
     }
 }
 
+/* Sizes the arrays for a heap like the one `previous` saw, with a
+   sixteenth more: a scan that grows them by half again holds a quarter
+   more than it needs on average, and the arrays are most of its
+   memory. */
+static int
+presize(SnapshotObject *snap, SnapshotObject *previous)
+{
+    uint64_t records = (uint64_t)previous->nrecords * 17 / 16;
+    uint64_t edges = (uint64_t)previous->nedges * 17 / 16;
+    uint64_t named = (uint64_t)previous->nnamed_edges * 17 / 16;
+    if (records >= MAX_RECORDS || edges >= UINT32_MAX
+        || named >= UINT32_MAX)
+    {
+        return 0;
+    }
+    snap->records = PyMem_RawMalloc((size_t)records * sizeof(Record));
+    snap->edges = PyMem_RawMalloc((size_t)edges * sizeof(int32_t));
+    snap->named_edges = PyMem_RawMalloc((size_t)named * sizeof(NamedEdge));
+    if (snap->records == NULL || snap->edges == NULL
+        || snap->named_edges == NULL
+        || lookup_resize(snap, (records + previous->naliases) * 4 / 3 + 1)
+           < 0)
+    {
+        return -1;
+    }
+    snap->records_capacity = (uint32_t)records;
+    snap->edges_capacity = (uint32_t)edges;
+    snap->named_edges_capacity = (uint32_t)named;
+    return 0;
+}
+
 /* Lets go of what a scan holds. */
 static void
 release_scan(Scan *scan)
@@ -1759,7 +1845,6 @@ snapshot_dealloc(SnapshotObject *self)
     PyMem_RawFree(self->named_edges);
     Py_XDECREF(self->edge_names);
     PyMem_RawFree(self->type_addresses);
-    table_clear(&self->table);
     PyMem_RawFree(self->lookup);
     free_analysis(self);
     Py_XDECREF(self->type_names);
@@ -2792,7 +2877,16 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
     scanning = tstate;
     int gc_was_enabled = PyGC_Disable();
     uint32_t held_edge = 0;
-    int err = (snap->type_names == NULL || scan.names_to_types == NULL
+    SnapshotObject *prev = previous != Py_None ? (SnapshotObject *)previous
+                                               : last_snapshot;
+    if (prev != NULL && prev->pid != snap->pid) {
+        prev = NULL;
+    }
+    /* Held: rules may run Python code, and other threads then, which
+       may let it go. */
+    Py_XINCREF(prev);
+    int err = (snap->type_names == NULL
+               || (prev != NULL && presize(snap, prev) < 0) || scan.names_to_types == NULL
                || snap->edge_names == NULL || scan.edge_name_indexes == NULL
                || read_object_rules(&scan, object_rules) < 0
                || add_roots(&scan, root_list, &held_edge) < 0
@@ -2809,12 +2903,6 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
             err = 1;
         }
         else {
-            SnapshotObject *prev = previous != Py_None
-                                   ? (SnapshotObject *)previous
-                                   : last_snapshot;
-            if (prev != NULL && prev->pid != snap->pid) {
-                prev = NULL;
-            }
             assign_ids(snap, prev);
         }
     }
@@ -2840,6 +2928,7 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
     clock_gettime(CLOCK_MONOTONIC, &t1);
     snap->seconds = (double)(t1.tv_sec - t0.tv_sec)
                     + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    Py_XDECREF(prev);
     PyObject_GC_Track(snap);
     if (err) {
         Py_DECREF(snap);
