@@ -167,6 +167,7 @@ typedef struct {
     uint32_t lookup_slots;
     uint32_t lookup_used;
     size_t peak_bytes;          /* what the scan held at its end */
+    int64_t total_memory;       /* sys.total_memory_used() then, or -1 */
     Alias *aliases;
     uint32_t naliases;
     uint32_t aliases_capacity;
@@ -2725,7 +2726,7 @@ _heap_Snapshot_info_impl(SnapshotObject *self)
                      + (size_t)self->named_edges_capacity
                        * sizeof(NamedEdge);
     return Py_BuildValue(
-        "{sIsKsKsIsIsKsKsIsdslsnsn}",
+        "{sIsKsKsIsIsKsKsIsdslsnsnsN}",
         "records", self->nrecords,
         "objects", (unsigned long long)objects,
         "bytes", (unsigned long long)bytes,
@@ -2737,7 +2738,9 @@ _heap_Snapshot_info_impl(SnapshotObject *self)
         "seconds", self->seconds,
         "pid", self->pid,
         "scanner_bytes", (Py_ssize_t)scratch,
-        "scan_peak_bytes", (Py_ssize_t)self->peak_bytes);
+        "scan_peak_bytes", (Py_ssize_t)self->peak_bytes,
+        "total_memory_used", self->total_memory < 0 ? Py_NewRef(Py_None)
+                             : PyLong_FromLongLong(self->total_memory));
 }
 
 static PyMethodDef snapshot_methods[] = {
@@ -2929,6 +2932,13 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
     snap->seconds = (double)(t1.tv_sec - t0.tv_sec)
                     + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     Py_XDECREF(prev);
+#ifdef Py_TRACK_MEMORY
+    /* Once the scan's own arrays are gone: what is left of its memory is
+       the snapshot's. */
+    snap->total_memory = _PyMemTrack_TotalBytes();
+#else
+    snap->total_memory = -1;
+#endif
     PyObject_GC_Track(snap);
     if (err) {
         Py_DECREF(snap);

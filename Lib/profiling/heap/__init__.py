@@ -249,6 +249,23 @@ class Snapshot:
         seconds, pid and the snapshot's own bytes."""
         return self._data.info()
 
+    def reconcile(self):
+        """On a --with-memory-tracking build, sys.total_memory_used() when
+        the scan ended, split: the bytes of the objects reached, of the
+        tracked objects not reached (garbage, or hidden by rules), of the
+        snapshot itself, and the rest, held outside objects (buffers not
+        attributed to an object, the interpreter's own tables, frames'
+        stacks, allocations of C code).  None on a plain build."""
+        info = self.info()
+        total = info["total_memory_used"]
+        if total is None:
+            return None
+        parts = {"objects": info["bytes"],
+                 "unreachable": info["unreachable_bytes"],
+                 "snapshot": info["scanner_bytes"]}
+        return {"total": total, **parts,
+                "outside_objects": total - sum(parts.values())}
+
     def node(self, index):
         """The Node of a record by index (0 is the root)."""
         return Node(index, *self._data.record(index))
