@@ -283,6 +283,23 @@ class BadInputTests(unittest.TestCase):
             snapshot([Derived()], rules)
         self.check_consistent()
 
+    def test_snapshot_from_a_gc_callback(self):
+        errors = []
+
+        def callback(phase, info):
+            try:
+                snapshot()
+            except RuntimeError as e:
+                errors.append(e)
+
+        gc.callbacks.append(callback)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(callback)
+        self.assertEqual(len(errors), 2)    # at start and at stop
+        self.check_consistent()
+
     def test_bad_arguments(self):
         with self.assertRaises(TypeError):
             snapshot(42)
