@@ -6,6 +6,7 @@ import ctypes
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -662,6 +663,33 @@ class CommandLineTests(unittest.TestCase):
             self.assertIn("__main__.Big", err)
             self.assertIn("objects scanned", err)
             self.assertTrue(os.path.getsize(out) > 0)
+
+
+    @unittest.skipUnless(hasattr(signal, "SIGUSR1"), "needs SIGUSR1")
+    def test_snapshot_at_a_signal_and_summary(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "prog.py")
+            with open(script, "w") as f:
+                f.write("import os, signal\n"
+                        "early = [bytearray(100) for _ in range(10)]\n"
+                        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+                        "late = 1\n")
+            out = os.path.join(d, "h.heapsnapshot")
+            summary = os.path.join(d, "s.csv")
+            script_helper.assert_python_ok(
+                "-m", "profiling.heap", "run", "-o", out, "--signal",
+                "SIGUSR1", "--summary", summary, script)
+            # At the signal, then at exit.
+            self.assertTrue(os.path.getsize(out) > 0)
+            self.assertTrue(os.path.getsize(out + ".1") > 0)
+            with open(summary) as f:
+                self.assertEqual(f.readline().strip(),
+                                 "type,count,size,retained")
+
+    def test_bad_command_line(self):
+        res = script_helper.assert_python_failure(
+            "-m", "profiling.heap", "run", "--signal", "SIGNOPE", "x.py")
+        self.assertIn(b"no signal named SIGNOPE", res.err)
 
 
 class ThreadTests(unittest.TestCase):
