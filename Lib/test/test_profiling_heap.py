@@ -363,6 +363,15 @@ class ObjectTests(unittest.TestCase):
                     self.assertGreaterEqual(snap.size(obj),
                                             sys.getsizeof(obj))
 
+    def test_class_counts_the_keys_its_instances_share(self):
+        class Shared:
+            pass
+
+        snap = snapshot([Shared])
+        # type.__sizeof__ counts the type and the keys its instances
+        # share; the record has its dict besides.
+        self.assertGreaterEqual(snap.size(Shared), type.__sizeof__(Shared))
+
     def test_static_objects(self):
         add = vars(int)["__add__"]
         snap = snapshot([[None, int]])

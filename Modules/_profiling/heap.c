@@ -1061,6 +1061,13 @@ tracked_size(PyObject *op, int sizer)
         }
         break;
     }
+    if (PyType_Check(op)
+        && (((PyTypeObject *)op)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        && ((PyHeapTypeObject *)op)->ht_cached_keys != NULL)
+    {
+        /* The keys its instances share, which type.__sizeof__ counts. */
+        size += _PyMem_ReservedSize(((PyHeapTypeObject *)op)->ht_cached_keys);
+    }
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
         uint8_t *values = (uint8_t *)*_PyObject_ValuesPointer(op);
         if (values != NULL) {
