@@ -655,45 +655,48 @@ class ExportTests(unittest.TestCase):
 
 class CommandLineTests(unittest.TestCase):
 
-    def test_run(self):
-        with tempfile.TemporaryDirectory() as d:
-            script = os.path.join(d, "prog.py")
-            with open(script, "w") as f:
-                f.write("class Big:\n"
-                        "    def __init__(self):\n"
-                        "        self.data = [bytes(1000)"
-                        " for _ in range(1000)]\n"
-                        "keep = [Big() for _ in range(3)]\n")
-            out = os.path.join(d, "h.heapsnapshot")
-            res = script_helper.assert_python_ok(
-                "-m", "profiling.heap", "run", "-o", out, "--top", "50",
-                script)
-            err = res.err.decode()
-            self.assertIn("__main__.Big", err)
-            self.assertIn("objects scanned", err)
-            self.assertTrue(os.path.getsize(out) > 0)
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(support.os_helper.rmtree, self.dir)
 
+    def run_script(self, source, *args):
+        """Runs python -m profiling.heap run with args and a script of
+        source, -o to a file in self.dir; returns (result, its path)."""
+        script = os.path.join(self.dir, "prog.py")
+        with open(script, "w") as f:
+            f.write(source)
+        out = os.path.join(self.dir, "h.heapsnapshot")
+        res = script_helper.assert_python_ok(
+            "-m", "profiling.heap", "run", "-o", out, *args, script)
+        return res, out
+
+    def test_run(self):
+        res, out = self.run_script(
+            "class Big:\n"
+            "    def __init__(self):\n"
+            "        self.data = [bytes(1000) for _ in range(1000)]\n"
+            "keep = [Big() for _ in range(3)]\n",
+            "--top", "50")
+        err = res.err.decode()
+        self.assertIn("__main__.Big", err)
+        self.assertIn("objects scanned", err)
+        self.assertTrue(os.path.getsize(out) > 0)
 
     @unittest.skipUnless(hasattr(signal, "SIGUSR1"), "needs SIGUSR1")
     def test_snapshot_at_a_signal_and_summary(self):
-        with tempfile.TemporaryDirectory() as d:
-            script = os.path.join(d, "prog.py")
-            with open(script, "w") as f:
-                f.write("import os, signal\n"
-                        "early = [bytearray(100) for _ in range(10)]\n"
-                        "os.kill(os.getpid(), signal.SIGUSR1)\n"
-                        "late = 1\n")
-            out = os.path.join(d, "h.heapsnapshot")
-            summary = os.path.join(d, "s.csv")
-            script_helper.assert_python_ok(
-                "-m", "profiling.heap", "run", "-o", out, "--signal",
-                "SIGUSR1", "--summary", summary, script)
-            # At the signal, then at exit.
-            self.assertTrue(os.path.getsize(out) > 0)
-            self.assertTrue(os.path.getsize(out + ".1") > 0)
-            with open(summary) as f:
-                self.assertEqual(f.readline().strip(),
-                                 "type,count,size,retained")
+        summary = os.path.join(self.dir, "s.csv")
+        _, out = self.run_script(
+            "import os, signal\n"
+            "early = [bytearray(100) for _ in range(10)]\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "late = 1\n",
+            "--signal", "SIGUSR1", "--summary", summary)
+        # At the signal, then at exit.
+        self.assertTrue(os.path.getsize(out) > 0)
+        self.assertTrue(os.path.getsize(out + ".1") > 0)
+        with open(summary) as f:
+            self.assertEqual(f.readline().strip(),
+                             "type,count,size,retained")
 
     def test_bad_command_line(self):
         res = script_helper.assert_python_failure(

@@ -182,6 +182,7 @@ typedef struct {
     PyObject *edge_names;       /* list of str */
     PyObject *type_names;       /* list of str */
     uintptr_t *type_addresses;  /* the type's address; 0 for a name */
+    uint32_t type_addresses_capacity;
     long pid;
     double seconds;
     uint64_t unreachable_objects;
@@ -341,11 +342,9 @@ static int
 entry_matches(void *owner, int32_t entry, const void *address)
 {
     SnapshotObject *snap = owner;
-    if (entry < ALIAS_BASE
-        && (snap->records[entry].type & VIRTUAL_FLAG))
-    {
-        return 0;
-    }
+    /* Only objects' records and aliases are in the table. */
+    assert(entry >= ALIAS_BASE
+           || !(snap->records[entry].type & VIRTUAL_FLAG));
     return entry_address(snap, entry) == (uintptr_t)address;
 }
 
@@ -578,15 +577,14 @@ add_type(Scan *scan, PyObject *key, PyObject *name, uintptr_t address)
         }
         return -1;
     }
-    uintptr_t *addresses = PyMem_RawRealloc(
-        snap->type_addresses, (scan->ntypes + 1) * sizeof(uintptr_t));
-    if (addresses == NULL) {
+    if (grow((void **)&snap->type_addresses, &snap->type_addresses_capacity,
+             scan->ntypes, sizeof(uintptr_t)) < 0)
+    {
         Py_DECREF(name);
         PyErr_NoMemory();
         return -1;
     }
-    snap->type_addresses = addresses;
-    addresses[scan->ntypes] = address;
+    snap->type_addresses[scan->ntypes] = address;
     scan->types[scan->ntypes] = (TypeEntry){
         .key = Py_NewRef(key), .name = name, .rule = NULL,
         .sizer = SIZER_OBJECT};
