@@ -19,7 +19,7 @@
 
 #define RELAXED memory_order_relaxed
 
-struct _Py_memtrack_locked _Py_memtrack = {
+struct _Py_memtrack_counts _Py_memtrack = {
 #ifdef Py_DEBUG
     /* A debug build starts with the debug hooks. */
     .hooks_pad = 2 * sizeof(size_t),
@@ -37,25 +37,18 @@ static _Atomic Py_ssize_t stack_bytes, stack_chunks;
 static Py_ssize_t locked_peak;
 static _Atomic Py_ssize_t other_peak;
 
-/* Every tally, types' and names'; names are found by a walk. */
+/* Every tally, types' and names', for sys to read. */
 static _Py_memtally *tallies;
 static _Py_memtally *free_tallies;
 
-/* Every type made ready and not freed since.  The walk reads no type that
-   is not here: an unmarked block need not hold an object where the walk
-   looks for one (C code may make an object inside a block it holds, then
-   reuse the memory), and a "type" found there must not be followed. */
-static _Py_hashtable_t *live_types;
-/* Types a walk found there lately, by their address: a walk meets the
-   same few types again and again. */
-#define SEEN_BITS 6
-static PyTypeObject *live_types_seen[1 << SEEN_BITS];
-/* A bit for the hash of every address made a type here, never cleared: an
-   address whose bit is clear is no type's.  Most words the walk reads
-   where an object may start are not (the GC header's links, the managed
-   dict), and this tells so without a look in live_types. */
-#define FILTER_BITS 16
-static uint8_t live_types_filter[(1 << FILTER_BITS) / 8];
+/* The table starts empty, with two slots that are never written. */
+static _Py_memtally *no_types[2];
+struct _Py_memtrack_type_table _Py_memtrack_types = {
+    .slots = no_types, .mask = 1, .shift = 63,
+};
+
+/* The names' tallies, by name. */
+static _Py_hashtable_t *names;
 
 /* An address scrambled, for the tables here: the high bits mix them all. */
 static uint64_t
@@ -63,19 +56,6 @@ address_hash(const void *p)
 {
     return (uint64_t)((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15u;
 }
-
-static size_t
-seen_slot(PyTypeObject *type)
-{
-    return (size_t)(address_hash(type) >> (64 - SEEN_BITS));
-}
-
-static size_t
-filter_bit(PyTypeObject *type)
-{
-    return (size_t)(address_hash(type) >> (64 - FILTER_BITS));
-}
-
 
 /* --- totals and the peak ------------------------------------------------ */
 
@@ -94,8 +74,8 @@ _PyMemTrack_TotalBytes(void)
             + atomic_load_explicit(&stack_bytes, RELAXED));
 }
 
-Py_ssize_t
-_PyMemTrack_TotalBlocks(void)
+static Py_ssize_t
+total_blocks(void)
 {
     return (_PyMemTrack_VisitPooled(NULL, NULL) + large_blocks
             + atomic_load_explicit(&raw_blocks, RELAXED)
@@ -146,10 +126,10 @@ _PyMemTrack_NotePeakFor(void *block)
 }
 
 void *
-_PyMemTrack_ForgetThenAlloc(void *block, size_t nbytes)
+_PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes)
 {
     _PyMemTrack_ForgetLastBlock();
-    return _PyMemTrack_Alloc(block, nbytes);
+    return _PyMemTrack_PooledHandedOut(block, nbytes);
 }
 
 static void
@@ -159,14 +139,14 @@ other_counts_grew(void)
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
 
-Py_ssize_t
-_PyMemTrack_PeakBytes(void)
+static Py_ssize_t
+peak_bytes(void)
 {
     return raise_peak(_PyMemTrack_TotalBytes());
 }
 
-void
-_PyMemTrack_ResetPeak(void)
+static void
+reset_peak(void)
 {
     locked_peak = _PyMemTrack_TotalBytes();
     atomic_store_explicit(&other_peak, locked_peak, RELAXED);
@@ -177,7 +157,7 @@ _PyMemTrack_ResetPeak(void)
 /* --- the raw domain and the frame stacks --------------------------------- */
 
 void
-_PyMemTrack_AllocRaw(size_t size)
+_PyMemTrack_RawHandedOut(size_t size)
 {
     atomic_fetch_add_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_add_explicit(&raw_blocks, 1, RELAXED);
@@ -185,7 +165,7 @@ _PyMemTrack_AllocRaw(size_t size)
 }
 
 void
-_PyMemTrack_FreeRaw(size_t size)
+_PyMemTrack_RawFreed(size_t size)
 {
     atomic_fetch_sub_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_sub_explicit(&raw_blocks, 1, RELAXED);
@@ -227,75 +207,9 @@ new_tally(void)
     return t;
 }
 
-static _Py_memtally *
-type_tally(PyTypeObject *type, int create)
+static void
+free_tally(_Py_memtally *t)
 {
-    _Py_memtally *t = (_Py_memtally *)type->tp_cache;
-    if (t == NULL && create && (t = new_tally()) != NULL) {
-        t->type = type;
-        type->tp_cache = (PyObject *)t;
-    }
-    return t;
-}
-
-void
-_PyMemTrack_AddType(PyTypeObject *type)
-{
-    if (live_types == NULL) {
-        /* Never tracked: the accounting must not account itself. */
-        _Py_hashtable_allocator_t untracked = {
-            _PyObject_RawMallocUntracked, free};
-        live_types = _Py_hashtable_new_full(
-            _Py_hashtable_hash_ptr, _Py_hashtable_compare_direct,
-            NULL, NULL, &untracked);
-        if (live_types == NULL) {
-            return;
-        }
-    }
-    /* If this fails, the type's objects count as anonymous memory. */
-    if (_Py_hashtable_get(live_types, type) == NULL) {
-        (void)_Py_hashtable_set(live_types, type, type);
-    }
-    size_t bit = filter_bit(type);
-    live_types_filter[bit / 8] |= (uint8_t)(1u << (bit % 8));
-}
-
-/* Whether a walk may read type: the type of an object it found. */
-static int
-is_live_type(PyTypeObject *type)
-{
-    size_t slot = seen_slot(type);
-    if (live_types_seen[slot] == type) {
-        return type != NULL;
-    }
-    size_t bit = filter_bit(type);
-    if (!((live_types_filter[bit / 8] >> (bit % 8)) & 1)
-        || live_types == NULL || _Py_hashtable_get(live_types, type) == NULL)
-    {
-        return 0;
-    }
-    live_types_seen[slot] = type;
-    return 1;
-}
-
-void
-_PyMemTrack_ForgetType(PyTypeObject *type)
-{
-    /* Its instances are gone.  What is left (memory a C extension still
-       holds under it) becomes anonymous, and the tally is freed before
-       another type can be made at this address. */
-    if (live_types != NULL) {
-        (void)_Py_hashtable_steal(live_types, type);
-    }
-    size_t slot = seen_slot(type);
-    if (live_types_seen[slot] == type) {
-        live_types_seen[slot] = NULL;
-    }
-    _Py_memtally *t = (_Py_memtally *)type->tp_cache;
-    if (t == NULL) {
-        return;
-    }
-    type->tp_cache = NULL;
     if (t->prev != NULL) {
         t->prev->next = t->next;
     }
@@ -307,6 +221,104 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     }
     t->next = free_tallies;
     free_tallies = t;
+}
+
+/* The empty slot where a type not in the table goes. */
+static size_t
+type_slot_for_insert(PyTypeObject *type)
+{
+    size_t i = _PyMemTrack_TypeSlot(type);
+    while (_Py_memtrack_types.slots[i] != NULL) {
+        assert(_Py_memtrack_types.slots[i]->type != type);
+        i = (i + 1) & _Py_memtrack_types.mask;
+    }
+    return i;
+}
+
+static int
+grow_types(void)
+{
+    struct _Py_memtrack_type_table old = _Py_memtrack_types;
+    size_t capacity = old.slots == no_types ? 256 : 2 * (old.mask + 1);
+    _Py_memtally **slots = PyObject_RAW_MALLOC(capacity * sizeof(*slots));
+    if (slots == NULL) {
+        return -1;
+    }
+    memset(slots, 0, capacity * sizeof(*slots));
+    int shift = 64;
+    for (size_t c = capacity; c > 1; c >>= 1) {
+        shift--;
+    }
+    _Py_memtrack_types.slots = slots;
+    _Py_memtrack_types.mask = capacity - 1;
+    _Py_memtrack_types.shift = shift;
+    for (size_t i = 0; i <= old.mask; i++) {
+        if (old.slots[i] != NULL) {
+            slots[type_slot_for_insert(old.slots[i]->type)] = old.slots[i];
+        }
+    }
+    if (old.slots != no_types) {
+        PyObject_RAW_FREE(old.slots);
+    }
+    return 0;
+}
+
+/* The tally of a type, made if it has none; NULL without memory (the
+   type's memory then counts as anonymous). */
+static _Py_memtally *
+type_tally(PyTypeObject *type)
+{
+    _Py_memtally *t = _PyMemTrack_TallyOf(type);
+    if (t != NULL) {
+        return t;
+    }
+    if (2 * (_Py_memtrack_types.count + 1) > _Py_memtrack_types.mask + 1
+        && grow_types() < 0)
+    {
+        return NULL;
+    }
+    t = new_tally();
+    if (t == NULL) {
+        return NULL;
+    }
+    t->type = type;
+    _Py_memtrack_types.slots[type_slot_for_insert(type)] = t;
+    _Py_memtrack_types.count++;
+    return t;
+}
+
+void
+_PyMemTrack_AddType(PyTypeObject *type)
+{
+    (void)type_tally(type);
+}
+
+void
+_PyMemTrack_ForgetType(PyTypeObject *type)
+{
+    /* Its instances are gone.  What is left (memory a C extension still
+       holds under it) becomes anonymous, and the tally goes before another
+       type can be made at this address. */
+    size_t i = _PyMemTrack_TypeSlot(type);
+    size_t mask = _Py_memtrack_types.mask;
+    _Py_memtally **slots = _Py_memtrack_types.slots;
+    while (slots[i] != NULL && slots[i]->type != type) {
+        i = (i + 1) & mask;
+    }
+    if (slots[i] == NULL) {
+        return;
+    }
+    free_tally(slots[i]);
+    _Py_memtrack_types.count--;
+    /* Move back the entries whose probe passed the emptied slot. */
+    for (size_t j = (i + 1) & mask; slots[j] != NULL; j = (j + 1) & mask) {
+        size_t home = _PyMemTrack_TypeSlot(slots[j]->type);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            slots[i] = slots[j];
+            i = j;
+        }
+    }
+    slots[i] = NULL;
 }
 
 
@@ -425,7 +437,7 @@ large_remove(void *block)
 }
 
 void
-_PyMemTrack_AllocLarge(void *block, size_t size)
+_PyMemTrack_LargeHandedOut(void *block, size_t size)
 {
     _PyMemTrack_Count(size);
     large_blocks++;
@@ -433,10 +445,10 @@ _PyMemTrack_AllocLarge(void *block, size_t size)
 }
 
 void
-_PyMemTrack_FreeLarge(void *block, size_t size)
+_PyMemTrack_LargeFreed(void *block, size_t size)
 {
     large_remove(block);
-    _PyMemTrack_Free(size);
+    _PyMemTrack_Uncount(size);
     large_blocks--;
 }
 
@@ -482,14 +494,14 @@ unclaim(_Py_memtally *t, void *ptr)
 void
 _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 {
-    claim(type_tally(owner, 1), ptr);
+    claim(type_tally(owner), ptr);
 }
 
 void
 _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
 {
-    unclaim(type_tally(from, 0), ptr);
-    claim(type_tally(to, 1), ptr);
+    unclaim(_PyMemTrack_TallyOf(from), ptr);
+    claim(type_tally(to), ptr);
 }
 
 /* Reallocate a block that t (if not NULL) claims: the claim follows the
@@ -507,17 +519,34 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
 void *
 _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
-    return realloc_claimed(type_tally(owner, 1), ptr, size, PyMem_Realloc);
+    return realloc_claimed(type_tally(owner), ptr, size, PyMem_Realloc);
 }
 
 void *
 _PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
-    return realloc_claimed(type_tally(owner, 1), ptr, size, PyObject_Realloc);
+    return realloc_claimed(type_tally(owner), ptr, size, PyObject_Realloc);
 }
 
 
 /* --- named tallies, for the public API ----------------------------------- */
+
+static Py_uhash_t
+hash_name(const void *name)
+{
+    /* FNV-1a */
+    Py_uhash_t h = (Py_uhash_t)14695981039346656037u;
+    for (const unsigned char *c = name; *c != '\0'; c++) {
+        h = (h ^ *c) * (Py_uhash_t)1099511628211u;
+    }
+    return h;
+}
+
+static int
+same_name(const void *a, const void *b)
+{
+    return strcmp(a, b) == 0;
+}
 
 /* The tally of a name; NULL for the anonymous tag, or without memory. */
 static _Py_memtally *
@@ -526,22 +555,34 @@ named_tally(const char *what)
     if (what == NULL || what[0] == '\0') {
         return NULL;
     }
-    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
-        if (t->type == NULL && strcmp(t->name, what) == 0) {
-            return t;
+    if (names == NULL) {
+        /* Never tracked: the accounting must not account itself. */
+        _Py_hashtable_allocator_t untracked = {
+            _PyObject_RawMallocUntracked, free};
+        names = _Py_hashtable_new_full(hash_name, same_name, NULL, NULL,
+                                       &untracked);
+        if (names == NULL) {
+            return NULL;
         }
+    }
+    _Py_memtally *t = _Py_hashtable_get(names, what);
+    if (t != NULL) {
+        return t;
     }
     size_t len = strlen(what) + 1;
     char *copy = PyObject_RAW_MALLOC(len);
     if (copy == NULL) {
         return NULL;
     }
-    _Py_memtally *t = new_tally();
-    if (t == NULL) {
+    memcpy(copy, what, len);
+    t = new_tally();
+    if (t == NULL || _Py_hashtable_set(names, copy, t) < 0) {
+        if (t != NULL) {
+            free_tally(t);
+        }
         PyObject_RAW_FREE(copy);
         return NULL;
     }
-    memcpy(copy, what, len);
     t->name = copy;
     return t;
 }
@@ -632,13 +673,10 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
 }
 
 static void
-count_object(PyObject *op, size_t size)
+count_object(_Py_memtally *t, size_t size)
 {
-    _Py_memtally *t = type_tally(Py_TYPE(op), 1);
-    if (t != NULL) {
-        t->object_bytes += (Py_ssize_t)size;
-        t->objects++;
-    }
+    t->object_bytes += (Py_ssize_t)size;
+    t->objects++;
 }
 
 /* A block in a pool that is not marked as data: find its object, which
@@ -657,12 +695,13 @@ count_pooled(void *block, size_t size, void *Py_UNUSED(arg))
     {
         PyObject *op = (PyObject *)((char *)block + pre);
         PyTypeObject *type = Py_TYPE(op);
-        if (is_live_type(type) && _PyType_PreHeaderSize(type) == pre) {
-            count_object(op, size);
+        _Py_memtally *t = _PyMemTrack_TallyOf(type);
+        if (t != NULL && _PyType_PreHeaderSize(type) == pre) {
+            count_object(t, size);
             return;
         }
     }
-    /* Not an object after all (see live_types): anonymous. */
+    /* Not an object after all (see _Py_memtrack_types): anonymous. */
 }
 
 /* Count every object under its type, as it is now; return how many blocks
@@ -677,15 +716,18 @@ count_objects(void)
     Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_pooled, NULL);
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
         large_block *entry = &large_table[i];
-        if (entry->op != NULL && is_live_type(Py_TYPE(entry->op))) {
-            count_object(entry->op, entry->size);
+        _Py_memtally *t;
+        if (entry->op != NULL
+            && (t = _PyMemTrack_TallyOf(Py_TYPE(entry->op))) != NULL)
+        {
+            count_object(t, entry->size);
         }
     }
     return pooled + large_blocks;
 }
 
-PyObject *
-_PyMemTrack_Usage(int blocks, int by_type)
+static PyObject *
+usage_by_tag(int blocks, int by_type)
 {
     /* Filling the dict allocates, which changes the tallies: copy them
        first, then report the copy.  The copy holds its types: the dict may
@@ -759,6 +801,127 @@ done:
     }
     PyObject_RAW_FREE(snap);
     return result;
+}
+
+
+/* --- the sys functions --------------------------------------------------- */
+
+/*[clinic input]
+module sys
+[clinic start generated code]*/
+/*[clinic end generated code: output=da39a3ee5e6b4b0d input=3726b388feee8cea]*/
+
+#include "clinic/memtrack.c.h"
+/*[clinic input]
+sys.total_memory_used -> Py_ssize_t
+
+Return the bytes currently allocated through Python's allocators.
+
+What the allocators really reserve for each block, plus memory that C code
+accounts with Py_TrackMemory().  Only in builds made with
+--with-memory-tracking.
+[clinic start generated code]*/
+
+static Py_ssize_t
+sys_total_memory_used_impl(PyObject *module)
+/*[clinic end generated code: output=5b554544eac0b0e3 input=adc35a57485edfeb]*/
+{
+    return _PyMemTrack_TotalBytes();
+}
+
+/*[clinic input]
+sys.peak_memory_used -> Py_ssize_t
+
+Return the highest total_memory_used() since start-up or the last reset.
+[clinic start generated code]*/
+
+static Py_ssize_t
+sys_peak_memory_used_impl(PyObject *module)
+/*[clinic end generated code: output=375156bb43ca1fc2 input=ffadb06f2ac20219]*/
+{
+    return peak_bytes();
+}
+
+/*[clinic input]
+sys.reset_peak_memory_used
+
+Set the peak to the current total_memory_used().
+[clinic start generated code]*/
+
+static PyObject *
+sys_reset_peak_memory_used_impl(PyObject *module)
+/*[clinic end generated code: output=5eb61612e8bcad2f input=92d4afaaafe264a5]*/
+{
+    reset_peak();
+    Py_RETURN_NONE;
+}
+
+/*[clinic input]
+sys.total_allocation_count -> Py_ssize_t
+
+Return how many blocks are currently allocated through Python's allocators.
+[clinic start generated code]*/
+
+static Py_ssize_t
+sys_total_allocation_count_impl(PyObject *module)
+/*[clinic end generated code: output=41f404766a0eb968 input=33f8ba807517f9ed]*/
+{
+    return total_blocks();
+}
+
+/*[clinic input]
+sys.type_memory_usage
+
+    *
+    by_type: bool = False
+        Key the result by type object rather than by name, so that types
+        sharing a name are told apart.
+
+Return a dict of the bytes currently allocated, by purpose.
+
+Keys are type names (an object's memory and the buffers it owns count
+under its type), names given to the tracked-allocation C API, '' for
+memory nothing claimed, and '<raw>' for the raw domain.  The values add
+up to total_memory_used() at the time of the call.
+[clinic start generated code]*/
+
+static PyObject *
+sys_type_memory_usage_impl(PyObject *module, int by_type)
+/*[clinic end generated code: output=865136c29dab02f1 input=8a1ff4c5585805ab]*/
+{
+    return usage_by_tag(0, by_type);
+}
+
+/*[clinic input]
+sys.type_allocation_counts
+
+    *
+    by_type: bool = False
+
+Return a dict of how many blocks are allocated, keyed as type_memory_usage().
+[clinic start generated code]*/
+
+static PyObject *
+sys_type_allocation_counts_impl(PyObject *module, int by_type)
+/*[clinic end generated code: output=9a0a857f514b6e8f input=354559c17c3c038f]*/
+{
+    return usage_by_tag(1, by_type);
+}
+
+static PyMethodDef sys_functions[] = {
+    SYS_TOTAL_MEMORY_USED_METHODDEF
+    SYS_PEAK_MEMORY_USED_METHODDEF
+    SYS_RESET_PEAK_MEMORY_USED_METHODDEF
+    SYS_TOTAL_ALLOCATION_COUNT_METHODDEF
+    SYS_TYPE_MEMORY_USAGE_METHODDEF
+    SYS_TYPE_ALLOCATION_COUNTS_METHODDEF
+    {NULL, NULL}
+};
+
+int
+_PyMemTrack_AddSysFunctions(PyObject *sysmod)
+{
+    return PyModule_AddFunctions(sysmod, sys_functions);
 }
 
 #endif  /* Py_TRACK_MEMORY */

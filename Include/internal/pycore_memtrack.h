@@ -48,8 +48,7 @@ extern "C" {
    of an int-heavy loop). */
 
 /* What a type's objects own, or what a name given to the tracked-malloc
-   API holds; and, while sys reads them, the type's objects.  A type's
-   tally hangs from its tp_cache, which CPython 3.11 leaves unused. */
+   API holds; and, while sys reads them, the type's objects. */
 typedef struct _Py_memtally {
     Py_ssize_t bytes;
     Py_ssize_t blocks;
@@ -60,9 +59,45 @@ typedef struct _Py_memtally {
     struct _Py_memtally *prev, *next;
 } _Py_memtally;
 
+/* Every type made ready and not freed since, each with its tally (and
+   any other type an object claimed a block for): open addressing with
+   linear probing, never more than half full, a type's first slot taken
+   from the high bits of its hashed address.  Memory a walk finds in an
+   object whose type is not here counts as anonymous: C code may make an
+   object inside a block it holds, then reuse the memory, and a "type"
+   read there must not be followed. */
+struct _Py_memtrack_type_table {
+    _Py_memtally **slots;
+    size_t mask;                    /* capacity - 1 */
+    int shift;                      /* 64 - log2(capacity) */
+    size_t count;
+};
+PyAPI_DATA(struct _Py_memtrack_type_table) _Py_memtrack_types;
+
+static inline size_t
+_PyMemTrack_TypeSlot(PyTypeObject *type)
+{
+    uint64_t h = (uint64_t)((uintptr_t)type >> 4) * 0x9E3779B97F4A7C15u;
+    return (size_t)(h >> _Py_memtrack_types.shift);
+}
+
+/* The tally of a type; NULL for a type not in the table. */
+static inline _Py_memtally *
+_PyMemTrack_TallyOf(PyTypeObject *type)
+{
+    size_t i = _PyMemTrack_TypeSlot(type);
+    for (;;) {
+        _Py_memtally *t = _Py_memtrack_types.slots[i];
+        if (t == NULL || t->type == type) {
+            return t;
+        }
+        i = (i + 1) & _Py_memtrack_types.mask;
+    }
+}
+
 /* What the mem and object domains hold, and what the allocator tells the
    accounting: used with the GIL held only. */
-struct _Py_memtrack_locked {
+struct _Py_memtrack_counts {
     Py_ssize_t bytes;
     /* Above this, the peak may have to move. */
     _Py_atomic_address peak_watermark;
@@ -74,7 +109,7 @@ struct _Py_memtrack_locked {
        what a function allocated besides what it kept. */
     Py_ssize_t allocated;
 };
-PyAPI_DATA(struct _Py_memtrack_locked) _Py_memtrack;
+PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 
 /* pymalloc's pools, as the marks see them (obmalloc.c checks that they
    agree): 16 KiB, aligned, of 16-byte granules.  The header ends with a
@@ -208,13 +243,13 @@ extern void *_PyMemTrack_NotePeakFor(void *block);
 /* The same, once the block handed out before, in which no object was
    made, is marked as data: out of line, so that the usual case keeps no
    more registers than pymalloc's own. */
-extern void *_PyMemTrack_ForgetThenAlloc(void *block, size_t nbytes);
+extern void *_PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes);
 
 static inline void *
-_PyMemTrack_Alloc(void *block, size_t nbytes)
+_PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
 {
     if (_Py_memtrack.last_block != 0) {
-        return _PyMemTrack_ForgetThenAlloc(block, nbytes);
+        return _PyMemTrack_PooledHandedOutSlow(block, nbytes);
     }
     _Py_memtrack.last_block = (uintptr_t)block;
     /* Whatever its last life was (marked after it was freed, even). */
@@ -229,28 +264,28 @@ _PyMemTrack_Alloc(void *block, size_t nbytes)
 
 /* ...and by all of them when they free a block. */
 static inline void
-_PyMemTrack_Free(size_t size)
+_PyMemTrack_Uncount(size_t size)
 {
     _Py_memtrack.bytes -= (Py_ssize_t)size;
 }
 
 /* pymalloc frees a block of size class szidx. */
 static inline void
-_PyMemTrack_FreePooled(void *block, unsigned int szidx)
+_PyMemTrack_PooledFreed(void *block, unsigned int szidx)
 {
-    _PyMemTrack_Free(_PyMemTrack_ClassSize(szidx));
+    _PyMemTrack_Uncount(_PyMemTrack_ClassSize(szidx));
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve, as
    the domain hands them out (inside any debug hooks). */
-extern void _PyMemTrack_AllocLarge(void *block, size_t size);
-extern void _PyMemTrack_FreeLarge(void *block, size_t size);
+extern void _PyMemTrack_LargeHandedOut(void *block, size_t size);
+extern void _PyMemTrack_LargeFreed(void *block, size_t size);
 /* What malloc() reserved for such a block; 0 for one not counted. */
 extern size_t _PyMemTrack_LargeSize(void *block);
 
-extern void _PyMemTrack_AllocRaw(size_t size);
-extern void _PyMemTrack_FreeRaw(size_t size);
+extern void _PyMemTrack_RawHandedOut(size_t size);
+extern void _PyMemTrack_RawFreed(size_t size);
 
 /* Threads' frame data stacks, from the arena allocator (pystate.c). */
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
@@ -313,7 +348,7 @@ extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
 static inline void *
 _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
 {
-    _Py_memtally *t = (_Py_memtally *)owner->tp_cache;
+    _Py_memtally *t = _PyMemTrack_TallyOf(owner);
     if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
         && t != NULL)
     {
@@ -361,7 +396,7 @@ PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyMemTrack_FreeClaimed((_Py_memtally *)owner->tp_cache, ptr,
+    _PyMemTrack_FreeClaimed(_PyMemTrack_TallyOf(owner), ptr,
                             PyMem_Free);
 }
 
@@ -378,20 +413,20 @@ extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyMemTrack_FreeClaimed((_Py_memtally *)owner->tp_cache, ptr,
+    _PyMemTrack_FreeClaimed(_PyMemTrack_TallyOf(owner), ptr,
                             PyObject_Free);
 }
 
-/* For sys: totals, peak, and the tags as a dict. */
+/* sys.total_memory_used(), for the profilers too. */
 PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);
-extern Py_ssize_t _PyMemTrack_TotalBlocks(void);
-extern Py_ssize_t _PyMemTrack_PeakBytes(void);
-extern void _PyMemTrack_ResetPeak(void);
-extern PyObject *_PyMemTrack_Usage(int blocks, int by_type);
+
+/* Add sys.total_memory_used() and the other sys functions to sys. */
+extern int _PyMemTrack_AddSysFunctions(PyObject *sysmod);
 
 #else
 
 #  define _Py_NewReferenceFromFreeList(op) _Py_NewReference(op)
+#  define _PyMemTrack_AddSysFunctions(sysmod) 0
 #  define _PyMemTrack_ClaimBlock(owner, ptr) ((void)0)
 #  define _PyMemTrack_MoveBlock(from, to, ptr) ((void)0)
 #  define _PyMem_OwnedMalloc(owner, size) PyMem_Malloc(size)

@@ -445,9 +445,12 @@ class ObjectTests(unittest.TestCase):
         self.assertIsNone(data.edge_name(index, 0))
 
     def test_held_from_c(self):
+        api = ctypes.PyDLL(None)        # prototypes of this test's own
+        api.Py_IncRef.argtypes = [ctypes.py_object]
+        api.Py_DecRef.argtypes = [ctypes.c_void_p]
         held = ["held only from C"]
         marker = id(held)
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+        api.Py_IncRef(held)
         del held
         try:
             snap = snapshot()
@@ -457,7 +460,7 @@ class ObjectTests(unittest.TestCase):
             self.assertEqual(path[1].type, "(held from C)")
             self.assertGreaterEqual(snap.info()["held_from_c"], 1)
         finally:
-            ctypes.pythonapi.Py_DecRef(ctypes.c_void_p(marker))
+            api.Py_DecRef(marker)
 
     def test_garbage_is_counted_not_recorded(self):
         gc.collect()

@@ -43,6 +43,8 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(TOOLS))
 PIN_FILE = os.path.join(TOOLS, "upstream.pin")
 FIXES_FILE = os.path.join(TOOLS, "debian-fixes.txt")
+# Our fix-ups that Debian's fixes need in our build, listed among them.
+FIXUPS_DIR = os.path.join(TOOLS, "debian-fixups")
 
 # Files the build writes into the source tree: regenerated from the patched
 # sources, so never exported and never counted as unexported edits.
@@ -140,6 +142,12 @@ def read_fixes():
             if line:
                 names.append(line.split()[0])
     return names
+
+
+def fixup_path(name):
+    """The path of a listed fix that is one of our fix-ups, or None."""
+    path = os.path.join(FIXUPS_DIR, name)
+    return path if os.path.isfile(path) else None
 
 
 def sha256_file(path):
@@ -491,8 +499,11 @@ def base_name(pristine):
 def make_base(lay, pristine=False, tarball=None, debian_tarball=None):
     """Create build/base: pristine CPython plus the listed Debian fixes."""
     fixes = [] if pristine else read_fixes()
+    fixups = {name: sha256_file(fixup_path(name))
+              for name in fixes if fixup_path(name)}
     key = hashlib.sha256(json.dumps(
-        [read_pins(), fixes, base_mode(pristine)]).encode()).hexdigest()
+        [read_pins(), fixes, fixups, base_mode(pristine)]).encode()
+    ).hexdigest()
     stamp = os.path.join(lay.build, "base.stamp")
     if os.path.isdir(lay.base) and os.path.exists(stamp) \
             and open(stamp).read() == key:
@@ -509,8 +520,10 @@ def make_base(lay, pristine=False, tarball=None, debian_tarball=None):
         if fixes:
             run(["tar", "-xJf", got["debian"], "-C", tmp, "debian/patches"])
             for name in fixes:
-                apply_patch(top, os.path.join(tmp, "debian", "patches", name))
-            log(f"applied {len(fixes)} Debian fixes")
+                apply_patch(top, fixup_path(name) or os.path.join(
+                    tmp, "debian", "patches", name))
+            log(f"applied {len(fixes) - len(fixups)} Debian fixes and "
+                f"{len(fixups)} fix-ups of ours")
         if os.path.exists(stamp):
             os.unlink(stamp)
         if os.path.isdir(lay.base):
