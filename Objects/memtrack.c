@@ -77,7 +77,7 @@ _PyMemTrack_TotalBytes(void)
 static Py_ssize_t
 total_blocks(void)
 {
-    return (_PyMemTrack_VisitPooled(NULL, NULL) + large_blocks
+    return (_PyMemTrack_VisitPools(NULL, NULL) + large_blocks
             + atomic_load_explicit(&raw_blocks, RELAXED)
             + atomic_load_explicit(&stack_chunks, RELAXED));
 }
@@ -672,37 +672,213 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
     return res;
 }
 
-static void
-count_object(_Py_memtally *t, size_t size)
-{
-    t->object_bytes += (Py_ssize_t)size;
-    t->objects++;
-}
-
-/* A block in a pool that is not marked as data: find its object, which
-   starts after what its type puts before an object (the GC header, the
-   managed dict).  Before the object's start the block holds no type:
-   those words are the GC header's link to the previous object (with flag
-   bits) and the managed dict's pointers. */
-static void
-count_pooled(void *block, size_t size, void *Py_UNUSED(arg))
+/* The type of the object in a block in a pool that is neither marked as
+   data nor freed; NULL if there is none after all (see
+   _Py_memtrack_types).  The object starts after what its type puts before
+   an object (the GC header, the managed dict), and before that the block
+   holds no type: those words are the GC header's link to the previous
+   object (with flag bits) and the managed dict's pointers. */
+static PyTypeObject *
+pooled_object_type(uintptr_t block, size_t size)
 {
     /* The block starts before what the domain handed out by the pad. */
+    block += _Py_memtrack.hooks_pad;
     size_t room = size - _Py_memtrack.hooks_pad;
     const size_t most = sizeof(PyGC_Head) + 2 * sizeof(PyObject *);
     for (size_t pre = 0; pre <= most && pre + sizeof(PyObject) <= room;
          pre += 2 * sizeof(PyObject *))
     {
-        PyObject *op = (PyObject *)((char *)block + pre);
-        PyTypeObject *type = Py_TYPE(op);
-        _Py_memtally *t = _PyMemTrack_TallyOf(type);
-        if (t != NULL && _PyType_PreHeaderSize(type) == pre) {
-            count_object(t, size);
-            return;
+        PyTypeObject *type = Py_TYPE((PyObject *)(block + pre));
+        if (_PyMemTrack_TallyOf(type) != NULL
+            && _PyType_PreHeaderSize(type) == pre)
+        {
+            return type;
         }
     }
-    /* Not an object after all (see _Py_memtrack_types): anonymous. */
+    return NULL;
 }
+
+static int
+is_object_block(uintptr_t block)
+{
+    return (!_PyMemTrack_IsData(block)
+            && ((uintptr_t *)block)[1] != _PyMemTrack_FREED);
+}
+
+/* What the walk found in a pool when it last looked: how many objects of
+   each type, in the order it met them.  A pool holds few types, often
+   one. */
+typedef struct {
+    uint32_t length;
+    uint32_t capacity;
+    struct {
+        PyTypeObject *type;
+        Py_ssize_t count;
+    } entries[];
+} pool_memo;
+
+/* By pool number; raw memory, as the other tables here. */
+static pool_memo **memos;
+static size_t memos_length;
+
+static pool_memo *
+memo_add(pool_memo *memo, PyTypeObject *type)
+{
+    uint32_t i = 0;
+    while (i < memo->length && memo->entries[i].type != type) {
+        i++;
+    }
+    if (i == memo->length) {
+        if (memo->length == memo->capacity) {
+            uint32_t capacity = 2 * memo->capacity;
+            pool_memo *grown = PyObject_RAW_REALLOC(
+                memo, sizeof(pool_memo)
+                      + capacity * sizeof(memo->entries[0]));
+            if (grown == NULL) {
+                return NULL;
+            }
+            memo = grown;
+            memo->capacity = capacity;
+        }
+        memo->entries[i].type = type;
+        memo->entries[i].count = 0;
+        memo->length++;
+    }
+    memo->entries[i].count++;
+    return memo;
+}
+
+/* Look into a pool's blocks, reusing memo if not NULL (which is freed on
+   failure); NULL without memory. */
+static pool_memo *
+look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
+{
+    if (memo == NULL) {
+        const uint32_t capacity = 2;
+        memo = PyObject_RAW_MALLOC(sizeof(pool_memo)
+                                   + capacity * sizeof(memo->entries[0]));
+        if (memo == NULL) {
+            return NULL;
+        }
+        memo->capacity = capacity;
+    }
+    memo->length = 0;
+    for (uintptr_t b = first; b < end; b += size) {
+        PyTypeObject *type;
+        if (is_object_block(b) && (type = pooled_object_type(b, size))) {
+            pool_memo *grown = memo_add(memo, type);
+            if (grown == NULL) {
+                PyObject_RAW_FREE(memo);
+                return NULL;
+            }
+            memo = grown;
+        }
+    }
+    return memo;
+}
+
+/* The slot for a pool's memo; NULL without memory. */
+static pool_memo **
+memo_slot(size_t number)
+{
+    if (number >= memos_length) {
+        size_t length = Py_MAX(2 * memos_length, number + 1);
+        pool_memo **grown = PyObject_RAW_REALLOC(memos,
+                                                 length * sizeof(*memos));
+        if (grown == NULL) {
+            return NULL;
+        }
+        memset(grown + memos_length, 0,
+               (length - memos_length) * sizeof(*memos));
+        memos = grown;
+        memos_length = length;
+    }
+    return &memos[number];
+}
+
+static void
+count_objects_as(PyTypeObject *type, Py_ssize_t count, size_t size)
+{
+    /* A type freed since the pool was looked into counts nothing (the
+       walk would not read it either). */
+    _Py_memtally *t = _PyMemTrack_TallyOf(type);
+    if (t != NULL) {
+        t->object_bytes += count * (Py_ssize_t)size;
+        t->objects += count;
+    }
+}
+
+/* Count the objects in a pool, from what the walk remembers of it unless
+   it changed since. */
+static void
+count_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
+           uint8_t *changed, void *Py_UNUSED(arg))
+{
+    pool_memo **slot = memo_slot(number);
+    pool_memo *memo = NULL;
+    if (slot != NULL) {
+        memo = *slot;
+        if (memo == NULL || *changed) {
+            memo = *slot = look_into_pool(memo, first, end, size);
+            if (memo != NULL) {
+                *changed = 0;
+            }
+        }
+    }
+    if (memo == NULL) {
+        /* Without memory: count them one by one, and look again next
+           time. */
+        for (uintptr_t b = first; b < end; b += size) {
+            PyTypeObject *type;
+            if (is_object_block(b) && (type = pooled_object_type(b, size))) {
+                count_objects_as(type, 1, size);
+            }
+        }
+        return;
+    }
+    for (uint32_t i = 0; i < memo->length; i++) {
+        count_objects_as(memo->entries[i].type, memo->entries[i].count, size);
+    }
+}
+
+#ifdef Py_DEBUG
+/* How many objects of type a memo counts, if the type is still live. */
+static Py_ssize_t
+memo_count(pool_memo *memo, PyTypeObject *type)
+{
+    for (uint32_t i = 0; i < memo->length; i++) {
+        if (memo->entries[i].type == type) {
+            return _PyMemTrack_TallyOf(type) ? memo->entries[i].count : 0;
+        }
+    }
+    return 0;
+}
+
+/* Check what the walk remembers of an unchanged pool against a fresh
+   look: whatever the allocator and objects did since, they said so. */
+static void
+check_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
+           uint8_t *changed, void *Py_UNUSED(arg))
+{
+    if (*changed || number >= memos_length || memos[number] == NULL) {
+        return;         /* the walk could not remember it */
+    }
+    pool_memo *memo = memos[number];
+    pool_memo *fresh = look_into_pool(NULL, first, end, size);
+    if (fresh == NULL) {
+        return;
+    }
+    for (uint32_t i = 0; i < memo->length; i++) {
+        PyTypeObject *type = memo->entries[i].type;
+        assert(memo_count(memo, type) == memo_count(fresh, type));
+    }
+    for (uint32_t i = 0; i < fresh->length; i++) {
+        PyTypeObject *type = fresh->entries[i].type;
+        assert(memo_count(memo, type) == memo_count(fresh, type));
+    }
+    PyObject_RAW_FREE(fresh);
+}
+#endif
 
 /* Count every object under its type, as it is now; return how many blocks
    the mem and object domains hold. */
@@ -713,14 +889,14 @@ count_objects(void)
         t->object_bytes = 0;
         t->objects = 0;
     }
-    Py_ssize_t pooled = _PyMemTrack_VisitPooled(count_pooled, NULL);
+    Py_ssize_t pooled = _PyMemTrack_VisitPools(count_pool, NULL);
+#ifdef Py_DEBUG
+    (void)_PyMemTrack_VisitPools(check_pool, NULL);
+#endif
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
         large_block *entry = &large_table[i];
-        _Py_memtally *t;
-        if (entry->op != NULL
-            && (t = _PyMemTrack_TallyOf(Py_TYPE(entry->op))) != NULL)
-        {
-            count_object(t, entry->size);
+        if (entry->op != NULL) {
+            count_objects_as(Py_TYPE(entry->op), 1, entry->size);
         }
     }
     return pooled + large_blocks;

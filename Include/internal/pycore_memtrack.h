@@ -14,9 +14,13 @@ extern "C" {
    size they really reserve.  Objects are attributed when someone asks:
    sys.type_memory_usage() walks pymalloc's allocated blocks (and a table
    of the few objects outside the pools) and reads each object's type
-   then.  So the hot paths never touch a type's tally, neither a __class__
-   assignment nor a free list needs bookkeeping, and a block counts as an
-   object's exactly as long as it is allocated.  Buffers an object owns
+   then.  So the hot paths never touch a type's tally, a free list needs
+   no bookkeeping, and a block counts as an object's exactly as long as it
+   is allocated.  The walk remembers what it found in each pool, and looks
+   again only into pools whose blocks changed since (a byte in the pool's
+   header, set where a block is handed out, freed or marked, or an
+   object's __class__ assigned), so that a reading costs in proportion to
+   what changed, not to the heap.  Buffers an object owns
    (list items, dict tables, ...) are fewer: their owners claim them for
    their type's tally.  The anonymous tag is what no one has claimed and
    no object is in.
@@ -33,7 +37,7 @@ extern "C" {
    walk visits the allocated blocks that are neither marked nor stamped,
    and finds each one's object after what its type puts before objects
    (the GC header, the managed dict), which holds no type: see
-   count_pooled() in memtrack.c. */
+   pooled_object_type() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -122,6 +126,14 @@ PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 #define _PyMemTrack_SZIDX_OFFSET 36
 #define _PyMemTrack_MAP_OFFSET 48
 #define _PyMemTrack_MAP_BYTES 128
+/* A byte beside the pool's count of blocks, set whenever what its blocks
+   hold may have changed (a block handed out, freed or marked, an object's
+   class assigned), and cleared by the walk that remembers what they hold:
+   the walk looks again only into pools that changed.  (A byte for each
+   quarter of a pool saved a quarter of the walk's time on a heap mutated
+   at random, for 1.2% more instructions in the allocator-heavy
+   benchmarks, against 0.3% for this one.) */
+#define _PyMemTrack_CHANGED_OFFSET 4
 
 /* What pymalloc's free writes into a block's second word, so that the walk
    can tell a free block without following the pool's list.  No block that
@@ -147,6 +159,13 @@ _PyMemTrack_MapBit(uintptr_t block)
     return (uint8_t)(1u << ((block >> _PyMemTrack_GRANULE_SHIFT) % 8));
 }
 
+static inline void
+_PyMemTrack_PoolChanged(uintptr_t block)
+{
+    *(uint8_t *)((block & ~_PyMemTrack_POOL_MASK)
+                 + _PyMemTrack_CHANGED_OFFSET) = 1;
+}
+
 /* Whether a block in a pool is marked as holding data. */
 static inline int
 _PyMemTrack_IsData(uintptr_t block)
@@ -158,12 +177,14 @@ static inline void
 _PyMemTrack_MarkData(uintptr_t block)
 {
     *_PyMemTrack_MapByte(block) |= _PyMemTrack_MapBit(block);
+    _PyMemTrack_PoolChanged(block);
 }
 
 static inline void
 _PyMemTrack_Unmark(uintptr_t block)
 {
     *_PyMemTrack_MapByte(block) &= (uint8_t)~_PyMemTrack_MapBit(block);
+    _PyMemTrack_PoolChanged(block);
 }
 
 /* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
@@ -275,6 +296,7 @@ _PyMemTrack_PooledFreed(void *block, unsigned int szidx)
 {
     _PyMemTrack_Uncount(_PyMemTrack_ClassSize(szidx));
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
+    _PyMemTrack_PoolChanged((uintptr_t)block);
 }
 
 /* Blocks of the mem and object domains that pymalloc does not serve, as
@@ -324,12 +346,19 @@ _PyMemTrack_NewObject(PyObject *op)
    whether the object is in a pool. */
 extern void _Py_NewReferenceFromFreeList(PyObject *op);
 
-/* For sys.type_memory_usage(): visit every allocated block in the pools
-   that is not marked as data, as the domain handed it out, with its size;
-   and count the blocks in the pools. */
-typedef void (*_PyMemTrack_visitfunc)(void *block, size_t size, void *arg);
-extern Py_ssize_t _PyMemTrack_VisitPooled(_PyMemTrack_visitfunc visit,
-                                          void *arg);
+/* For sys.type_memory_usage(): visit each pool that has blocks allocated,
+   numbered (the same number while the pool lasts), with the span of its
+   blocks that were ever handed out (each allocated, or stamped as freed),
+   their size, and its changed byte, which the visitor clears once it
+   remembers what the pool holds; and count the blocks in the pools. */
+typedef void (*_PyMemTrack_poolfunc)(size_t number, uintptr_t first,
+                                     uintptr_t end, size_t size,
+                                     uint8_t *changed, void *arg);
+extern Py_ssize_t _PyMemTrack_VisitPools(_PyMemTrack_poolfunc visit,
+                                         void *arg);
+
+/* object.__class__ was assigned. */
+extern void _PyMemTrack_ClassAssigned(PyObject *op);
 
 /* A type is ready, or freed. */
 extern void _PyMemTrack_AddType(PyTypeObject *type);

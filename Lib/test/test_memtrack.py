@@ -242,6 +242,33 @@ class MemtrackTests(unittest.TestCase):
         del objs, usage
         self.assertNotIn(B, sys.type_memory_usage(by_type=True))
 
+    def test_changes_after_a_reading(self):
+        # A reading remembers what each pool held: whatever changes a pool
+        # since (a class assigned, a block freed or handed out again) makes
+        # the next reading look into it again.
+        class A:
+            __slots__ = ()
+
+        class B:
+            __slots__ = ()
+        objs = [A() for _ in range(1000)]
+        self.assertEqual(sys.type_allocation_counts(by_type=True)[A], 1000)
+        for o in objs:
+            o.__class__ = B
+        del o
+        counts = sys.type_allocation_counts(by_type=True)
+        self.assertNotIn(A, counts)
+        self.assertEqual(counts[B], 1000)
+        del objs[::2], counts
+        self.assertEqual(sys.type_allocation_counts(by_type=True)[B], 500)
+        objs.extend(A() for _ in range(500))
+        counts = sys.type_allocation_counts(by_type=True)
+        self.assertEqual((counts[A], counts[B]), (500, 500))
+        del objs, counts
+        counts = sys.type_allocation_counts(by_type=True)
+        self.assertNotIn(A, counts)
+        self.assertNotIn(B, counts)
+
     def test_finalizer_assigning_class(self):
         class A:
             __slots__ = ()
