@@ -13,6 +13,7 @@
 
 #include "pycore_hashtable.h"     // _Py_hashtable_t
 #include "pycore_memtrack.h"
+#include "pycore_pymem.h"         // PYMEM_FORBIDDENBYTE
 
 #include <stdatomic.h>
 #include <string.h>
@@ -465,6 +466,87 @@ _PyMemTrack_NewLargeObject(void *block, PyObject *op)
     large_block *entry = large_lookup(block);
     if (entry != NULL) {
         entry->op = op;
+    }
+}
+
+
+/* --- blocks and objects --------------------------------------------------- */
+
+/* What the allocator reserved for a block of the mem or object domain:
+   its pymalloc size class, or what malloc() really gave; 0 for a block
+   the accounting does not count (one from an allocator that replaced
+   Python's).  If claimed, the block holds data: a pooled one is marked. */
+static size_t
+reserved_size(void *ptr, int claimed)
+{
+    assert(ptr != NULL);
+    uintptr_t block = (uintptr_t)ptr - _Py_memtrack.hooks_pad;
+    size_t size;
+    if (block == _Py_memtrack.last_block) {
+        /* Just handed out (a reallocated buffer, say): surely pooled. */
+        size = _PyMemTrack_ClassSize(_PyMemTrack_PooledClass(block));
+    }
+    else if (_PyObject_PooledBlock(block, &size) != block) {
+        /* Not read from the block: it may come from anywhere. */
+        return _PyMemTrack_LargeSize(ptr);
+    }
+    /* The hooks overwrite the pad bytes before the block when they free
+       it.  The size of a freed block is whatever the allocator made of it
+       since: asking for it is a bug of the accounting. */
+    for (size_t i = 1; _Py_memtrack.hooks_pad && i < sizeof(size_t); i++) {
+        if (((uint8_t *)ptr)[-(Py_ssize_t)i] != PYMEM_FORBIDDENBYTE) {
+            Py_FatalError("memory tracking: the size of a freed block");
+        }
+    }
+    if (claimed) {
+        _PyMemTrack_MarkData(block);
+        if (block == _Py_memtrack.last_block) {
+            _Py_memtrack.last_block = 0;
+        }
+    }
+    return size;
+}
+
+size_t
+_PyMem_ReservedSize(void *ptr)
+{
+    return reserved_size(ptr, 0);
+}
+
+size_t
+_PyMemTrack_ClaimedSize(void *ptr)
+{
+    return reserved_size(ptr, 1);
+}
+
+void
+_PyMemTrack_NewObjectSlow(PyObject *op)
+{
+    /* Made after other blocks were handed out (a collection can run
+       between an allocation and its object), in a block that was already
+       an object's (resized in place), or elsewhere. */
+    uintptr_t block = (uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op));
+    uintptr_t pooled = block - _Py_memtrack.hooks_pad;
+    size_t size;
+    uintptr_t start = _PyObject_PooledBlock(pooled, &size);
+    if (start == 0) {
+        _PyMemTrack_NewLargeObject((void *)block, op);
+    }
+    else if (start == pooled) {
+        _PyMemTrack_Unmark(pooled);
+    }
+    /* Any other lies inside a block that something else holds, and counts
+       as part of it. */
+}
+
+void
+_PyMemTrack_ClassAssigned(PyObject *op)
+{
+    uintptr_t pooled = ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
+                        - _Py_memtrack.hooks_pad);
+    size_t size;
+    if (_PyObject_PooledBlock(pooled, &size) != 0) {
+        _PyMemTrack_PoolChanged(pooled);
     }
 }
 

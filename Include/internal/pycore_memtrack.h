@@ -346,6 +346,10 @@ _PyMemTrack_NewObject(PyObject *op)
    whether the object is in a pool. */
 extern void _Py_NewReferenceFromFreeList(PyObject *op);
 
+/* The start of the block in pymalloc's pools that address p lies in, with
+   the block's size in *size; 0 for an address outside the pools' blocks. */
+extern uintptr_t _PyObject_PooledBlock(uintptr_t p, size_t *size);
+
 /* For sys.type_memory_usage(): visit each pool that has blocks allocated,
    numbered (the same number while the pool lasts), with the span of its
    blocks that were ever handed out (each allocated, or stamped as freed),
