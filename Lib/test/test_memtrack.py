@@ -563,6 +563,14 @@ class MemtrackTests(unittest.TestCase):
         self.check_owned(lambda: struct.Struct("bh" * 2000), "Struct",
                          4000 * 4 * POINTER)
 
+    def test_decimal_digits_count_under_decimal(self):
+        decimal = import_helper.import_module("decimal")
+        if not hasattr(decimal, "__libmpdec_version__"):
+            self.skipTest("the pure Python decimal keeps its digits in ints")
+        # 100,000 digits take 19 to a 64-bit word.
+        self.check_owned(lambda: decimal.Decimal("7" * 100_000), "Decimal",
+                         100_000 // 19 * 8)
+
     def test_class_docstrings_count_under_type(self):
         doc = "x" * 100_000
         usage = sys.type_memory_usage()
