@@ -571,6 +571,17 @@ class MemtrackTests(unittest.TestCase):
         self.check_owned(lambda: decimal.Decimal("7" * 100_000), "Decimal",
                          100_000 // 19 * 8)
 
+    def test_utf8_copies_count_under_str(self):
+        api.PyUnicode_AsUTF8.restype = ctypes.c_void_p
+        api.PyUnicode_AsUTF8.argtypes = [ctypes.py_object]
+
+        def with_utf8(text):
+            api.PyUnicode_AsUTF8(text)      # made once, kept with the str
+            return text
+        n = 100_000
+        # The text's own n bytes, and its UTF-8 copy's 2n.
+        self.check_owned(lambda: with_utf8("\xe9" * n), "str", 3 * n)
+
     def test_class_docstrings_count_under_type(self):
         doc = "x" * 100_000
         usage = sys.type_memory_usage()
