@@ -15,6 +15,12 @@
 #include "pycore_memtrack.h"
 #include "pycore_pymem.h"         // PYMEM_FORBIDDENBYTE
 
+#ifdef HAVE_MALLOC_USABLE_SIZE
+#  include <malloc.h>             // malloc_usable_size()
+#else
+#  include <stddef.h>             // max_align_t
+#endif
+
 #include <stdatomic.h>
 #include <string.h>
 
@@ -50,13 +56,6 @@ struct _Py_memtrack_type_table _Py_memtrack_types = {
 
 /* The names' tallies, by name. */
 static _Py_hashtable_t *names;
-
-/* An address scrambled, for the tables here: the high bits mix them all. */
-static uint64_t
-address_hash(const void *p)
-{
-    return (uint64_t)((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15u;
-}
 
 /* --- totals and the peak ------------------------------------------------ */
 
@@ -157,16 +156,16 @@ reset_peak(void)
 
 /* --- the raw domain and the frame stacks --------------------------------- */
 
-void
-_PyMemTrack_RawHandedOut(size_t size)
+static void
+raw_handed_out(size_t size)
 {
     atomic_fetch_add_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_add_explicit(&raw_blocks, 1, RELAXED);
     other_counts_grew();
 }
 
-void
-_PyMemTrack_RawFreed(size_t size)
+static void
+raw_freed(size_t size)
 {
     atomic_fetch_sub_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_sub_explicit(&raw_blocks, 1, RELAXED);
@@ -222,6 +221,15 @@ free_tally(_Py_memtally *t)
     }
     t->next = free_tallies;
     free_tallies = t;
+}
+
+/* Both tables here probe linearly, and delete by moving back the entries
+   after the emptied slot i whose probe passed it: the entry at slot j,
+   first tried at slot home, must move back to i. */
+static inline int
+probe_passes(size_t home, size_t i, size_t j, size_t mask)
+{
+    return ((j - home) & mask) >= ((j - i) & mask);
 }
 
 /* The empty slot where a type not in the table goes. */
@@ -311,10 +319,8 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     }
     free_tally(slots[i]);
     _Py_memtrack_types.count--;
-    /* Move back the entries whose probe passed the emptied slot. */
     for (size_t j = (i + 1) & mask; slots[j] != NULL; j = (j + 1) & mask) {
-        size_t home = _PyMemTrack_TypeSlot(slots[j]->type);
-        if (((j - home) & mask) >= ((j - i) & mask)) {
+        if (probe_passes(_PyMemTrack_TypeSlot(slots[j]->type), i, j, mask)) {
             slots[i] = slots[j];
             i = j;
         }
@@ -347,7 +353,7 @@ static size_t large_count;
 static size_t
 large_slot(void *block)
 {
-    uint64_t h = address_hash(block);
+    uint64_t h = _PyMemTrack_AddressHash(block);
     return (size_t)(h ^ (h >> 32)) & large_mask;
 }
 
@@ -423,13 +429,11 @@ large_remove(void *block)
     }
     size_t i = (size_t)(entry - large_table);
     large_count--;
-    /* Move back the entries whose probe passed the emptied slot. */
     for (size_t j = (i + 1) & large_mask;
          large_table[j].block != NULL;
          j = (j + 1) & large_mask)
     {
-        size_t home = large_slot(large_table[j].block);
-        if (((j - home) & large_mask) >= ((j - i) & large_mask)) {
+        if (probe_passes(large_slot(large_table[j].block), i, j, large_mask)) {
             large_table[i] = large_table[j];
             i = j;
         }
@@ -437,28 +441,231 @@ large_remove(void *block)
     large_table[i] = (large_block){NULL, NULL, 0};
 }
 
-void
-_PyMemTrack_LargeHandedOut(void *block, size_t size)
+static void
+large_handed_out(void *block, size_t size)
 {
     _PyMemTrack_Count(size);
     large_blocks++;
     large_add(block, size);
 }
 
-void
-_PyMemTrack_LargeFreed(void *block, size_t size)
+static void
+large_freed(void *block, size_t size)
 {
     large_remove(block);
     _PyMemTrack_Uncount(size);
     large_blocks--;
 }
 
-size_t
-_PyMemTrack_LargeSize(void *block)
+/* What malloc() reserved for a block of the mem or object domain from
+   outside the pools; 0 for one not counted. */
+static size_t
+large_size(void *block)
 {
     large_block *entry = large_lookup(block);
     return entry != NULL ? entry->size : 0;
 }
+
+/* --- the base allocator -------------------------------------------------- */
+
+char _PyMemTrack_raw_ctx;
+
+/* Set while pymalloc passes a large request to the raw domain. */
+static _Thread_local int pymalloc_fallback;
+
+void *
+_PyMemTrack_FallbackMalloc(size_t size)
+{
+    pymalloc_fallback = 1;
+    void *ptr = PyMem_RawMalloc(size);
+    pymalloc_fallback = 0;
+    return ptr;
+}
+
+void *
+_PyMemTrack_FallbackCalloc(size_t nelem, size_t elsize)
+{
+    pymalloc_fallback = 1;
+    void *ptr = PyMem_RawCalloc(nelem, elsize);
+    pymalloc_fallback = 0;
+    return ptr;
+}
+
+void *
+_PyMemTrack_FallbackRealloc(void *ptr, size_t size)
+{
+    pymalloc_fallback = 1;
+    void *new = PyMem_RawRealloc(ptr, size);
+    pymalloc_fallback = 0;
+    return new;
+}
+
+void
+_PyMemTrack_FallbackFree(void *ptr)
+{
+    pymalloc_fallback = 1;
+    PyMem_RawFree(ptr);
+    pymalloc_fallback = 0;
+}
+
+/* What the debug hooks put before the pointer they hand out. */
+#define HOOKS_PAD (2 * sizeof(size_t))
+
+/* Whether debug hooks wrap the raw domain (the object domain's are in
+   _Py_memtrack.hooks_pad).  A debug build starts with them. */
+#ifdef Py_DEBUG
+static int raw_debug_hooks = 1;
+#else
+static int raw_debug_hooks = 0;
+#endif
+
+void
+_PyMemTrack_DebugHooks(PyMemAllocatorDomain domain, int hooks)
+{
+    if (domain == PYMEM_DOMAIN_OBJ) {
+        _Py_memtrack.hooks_pad = hooks ? HOOKS_PAD : 0;
+    }
+    else if (domain == PYMEM_DOMAIN_RAW) {
+        raw_debug_hooks = hooks;
+    }
+}
+
+#ifdef HAVE_MALLOC_USABLE_SIZE
+/* malloc() tells what it reserved for a block. */
+#  define SIZE_PREFIX 0
+#else
+/* Each block starts with what it takes in all, prefix included, in a
+   prefix that keeps malloc()'s alignment. */
+#  define SIZE_PREFIX _Alignof(max_align_t)
+static_assert(SIZE_PREFIX >= sizeof(size_t), "the prefix holds a size");
+#endif
+
+/* What a block of the base allocator takes. */
+static size_t
+base_size(void *base)
+{
+#ifdef HAVE_MALLOC_USABLE_SIZE
+    return malloc_usable_size(base);
+#else
+    size_t size;
+    memcpy(&size, base, sizeof(size));
+    return size;
+#endif
+}
+
+static int
+is_raw_domain(void *ctx)
+{
+    return ctx == _PyMemTrack_RAW_CTX && !pymalloc_fallback;
+}
+
+/* A block of the object (or mem) domain as the domain handed it out,
+   from the pointer the base allocator hands out.  pymalloc passes its
+   large requests to the raw domain, whose own debug hooks add a header
+   first. */
+static void *
+domain_block(void *ptr)
+{
+    if (pymalloc_fallback && raw_debug_hooks) {
+        ptr = (char *)ptr + HOOKS_PAD;
+    }
+    return (char *)ptr + _Py_memtrack.hooks_pad;
+}
+
+/* Count a block malloc() gave, of size bytes with the prefix; the pointer
+   to hand out. */
+static void *
+base_handed_out(void *ctx, void *base, size_t size)
+{
+#ifndef HAVE_MALLOC_USABLE_SIZE
+    memcpy(base, &size, sizeof(size));
+#endif
+    void *ptr = (char *)base + SIZE_PREFIX;
+    if (is_raw_domain(ctx)) {
+        raw_handed_out(base_size(base));
+    }
+    else {
+        large_handed_out(domain_block(ptr), base_size(base));
+    }
+    return ptr;
+}
+
+/* Count out a block handed out; the block to give back to malloc(). */
+static void *
+base_freed(void *ctx, void *ptr)
+{
+    void *base = (char *)ptr - SIZE_PREFIX;
+    if (is_raw_domain(ctx)) {
+        raw_freed(base_size(base));
+    }
+    else {
+        large_freed(domain_block(ptr), base_size(base));
+    }
+    return base;
+}
+
+void *
+_PyMemTrack_BaseMalloc(void *ctx, size_t size)
+{
+#ifndef HAVE_MALLOC_USABLE_SIZE
+    if (size > SIZE_MAX - SIZE_PREFIX) {
+        return NULL;
+    }
+#endif
+    void *base = malloc(SIZE_PREFIX + size);
+    if (base == NULL) {
+        return NULL;
+    }
+    return base_handed_out(ctx, base, SIZE_PREFIX + size);
+}
+
+void *
+_PyMemTrack_BaseCalloc(void *ctx, size_t nelem, size_t elsize)
+{
+#ifndef HAVE_MALLOC_USABLE_SIZE
+    if (elsize != 0 && nelem > (SIZE_MAX - SIZE_PREFIX) / elsize) {
+        return NULL;
+    }
+    size_t size = SIZE_PREFIX + nelem * elsize;
+    void *base = calloc(1, size);
+#else
+    size_t size = 0;
+    void *base = calloc(nelem, elsize);
+#endif
+    return base != NULL ? base_handed_out(ctx, base, size) : NULL;
+}
+
+void *
+_PyMemTrack_BaseRealloc(void *ctx, void *ptr, size_t size)
+{
+#ifndef HAVE_MALLOC_USABLE_SIZE
+    if (size > SIZE_MAX - SIZE_PREFIX) {
+        return NULL;
+    }
+#endif
+    if (ptr == NULL) {
+        return _PyMemTrack_BaseMalloc(ctx, size);
+    }
+    /* realloc() may free the block: count it out first, and back in if it
+       fails. */
+    size_t old_size = base_size((char *)ptr - SIZE_PREFIX);
+    void *base = base_freed(ctx, ptr);
+    void *new = realloc(base, SIZE_PREFIX + size);
+    if (new == NULL) {
+        base_handed_out(ctx, base, old_size);
+        return NULL;
+    }
+    return base_handed_out(ctx, new, SIZE_PREFIX + size);
+}
+
+void
+_PyMemTrack_BaseFree(void *ctx, void *ptr)
+{
+    if (ptr != NULL) {
+        free(base_freed(ctx, ptr));
+    }
+}
+
 
 void
 _PyMemTrack_NewLargeObject(void *block, PyObject *op)
@@ -470,7 +677,7 @@ _PyMemTrack_NewLargeObject(void *block, PyObject *op)
 }
 
 
-/* --- blocks and objects --------------------------------------------------- */
+/* --- blocks and objects -------------------------------------------------- */
 
 /* What the allocator reserved for a block of the mem or object domain:
    its pymalloc size class, or what malloc() really gave; 0 for a block
@@ -488,7 +695,7 @@ reserved_size(void *ptr, int claimed)
     }
     else if (_PyObject_PooledBlock(block, &size) != block) {
         /* Not read from the block: it may come from anywhere. */
-        return _PyMemTrack_LargeSize(ptr);
+        return large_size(ptr);
     }
     /* The hooks overwrite the pad bytes before the block when they free
        it.  The size of a freed block is whatever the allocator made of it
@@ -525,12 +732,13 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
     /* Made after other blocks were handed out (a collection can run
        between an allocation and its object), in a block that was already
        an object's (resized in place), or elsewhere. */
-    uintptr_t block = (uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op));
-    uintptr_t pooled = block - _Py_memtrack.hooks_pad;
+    uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
     uintptr_t start = _PyObject_PooledBlock(pooled, &size);
     if (start == 0) {
-        _PyMemTrack_NewLargeObject((void *)block, op);
+        /* Large blocks go by what the domain handed out. */
+        _PyMemTrack_NewLargeObject(
+            (void *)(pooled + _Py_memtrack.hooks_pad), op);
     }
     else if (start == pooled) {
         _PyMemTrack_Unmark(pooled);
@@ -542,8 +750,7 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
 void
 _PyMemTrack_ClassAssigned(PyObject *op)
 {
-    uintptr_t pooled = ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
-                        - _Py_memtrack.hooks_pad);
+    uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
     if (_PyObject_PooledBlock(pooled, &size) != 0) {
         _PyMemTrack_PoolChanged(pooled);
@@ -780,11 +987,16 @@ pooled_object_type(uintptr_t block, size_t size)
     return NULL;
 }
 
-static int
-is_object_block(uintptr_t block)
+/* The type of the object in an allocated pooled block; NULL for none. */
+static PyTypeObject *
+object_in_block(uintptr_t block, size_t size)
 {
-    return (!_PyMemTrack_IsData(block)
-            && ((uintptr_t *)block)[1] != _PyMemTrack_FREED);
+    if (_PyMemTrack_IsData(block)
+        || ((uintptr_t *)block)[1] == _PyMemTrack_FREED)
+    {
+        return NULL;
+    }
+    return pooled_object_type(block, size);
 }
 
 /* What the walk found in a pool when it last looked: how many objects of
@@ -846,8 +1058,8 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
     }
     memo->length = 0;
     for (uintptr_t b = first; b < end; b += size) {
-        PyTypeObject *type;
-        if (is_object_block(b) && (type = pooled_object_type(b, size))) {
+        PyTypeObject *type = object_in_block(b, size);
+        if (type != NULL) {
             pool_memo *grown = memo_add(memo, type);
             if (grown == NULL) {
                 PyObject_RAW_FREE(memo);
@@ -911,8 +1123,8 @@ count_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
         /* Without memory: count them one by one, and look again next
            time. */
         for (uintptr_t b = first; b < end; b += size) {
-            PyTypeObject *type;
-            if (is_object_block(b) && (type = pooled_object_type(b, size))) {
+            PyTypeObject *type = object_in_block(b, size);
+            if (type != NULL) {
                 count_objects_as(type, 1, size);
             }
         }
@@ -1070,6 +1282,7 @@ module sys
 /*[clinic end generated code: output=da39a3ee5e6b4b0d input=3726b388feee8cea]*/
 
 #include "clinic/memtrack.c.h"
+
 /*[clinic input]
 sys.total_memory_used -> Py_ssize_t
 

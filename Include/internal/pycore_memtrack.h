@@ -43,6 +43,7 @@ extern "C" {
 
 #include "pycore_atomic.h"        // _Py_atomic_address
 #include "pycore_object.h"        // _PyType_PreHeaderSize()
+#include "pycore_obmalloc_pool.h" // struct pool_header
 
 /* A note on layout.  Fields that one function writes are never
    neighbours: GCC would combine two such stores into one 16-byte vector
@@ -78,11 +79,18 @@ struct _Py_memtrack_type_table {
 };
 PyAPI_DATA(struct _Py_memtrack_type_table) _Py_memtrack_types;
 
+/* An address scrambled, for the tracking's tables: the high bits mix
+   them all. */
+static inline uint64_t
+_PyMemTrack_AddressHash(const void *p)
+{
+    return (uint64_t)((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15u;
+}
+
 static inline size_t
 _PyMemTrack_TypeSlot(PyTypeObject *type)
 {
-    uint64_t h = (uint64_t)((uintptr_t)type >> 4) * 0x9E3779B97F4A7C15u;
-    return (size_t)(h >> _Py_memtrack_types.shift);
+    return (size_t)(_PyMemTrack_AddressHash(type) >> _Py_memtrack_types.shift);
 }
 
 /* The tally of a type; NULL for a type not in the table. */
@@ -107,7 +115,8 @@ struct _Py_memtrack_counts {
     _Py_atomic_address peak_watermark;
     /* The block pymalloc handed out last, while its use is unknown. */
     uintptr_t last_block;
-    /* What debug hooks put before the pointer they hand out: 0 or 16. */
+    /* What debug hooks put before the pointer they hand out: 0, or two
+       size_t. */
     uintptr_t hooks_pad;
     /* All the bytes ever counted in `bytes`, for profilers that tell
        what a function allocated besides what it kept. */
@@ -115,25 +124,23 @@ struct _Py_memtrack_counts {
 };
 PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 
-/* pymalloc's pools, as the marks see them (obmalloc.c checks that they
-   agree): 16 KiB, aligned, of 16-byte granules.  The header ends with a
-   map of a bit for each granule; the map's first byte would only cover
-   the header itself, and is left out.  A block's bit is its first
-   granule's. */
-#define _PyMemTrack_POOL_SIZE (1 << 14)
-#define _PyMemTrack_POOL_MASK ((uintptr_t)_PyMemTrack_POOL_SIZE - 1)
-#define _PyMemTrack_GRANULE_SHIFT 4
-#define _PyMemTrack_SZIDX_OFFSET 36
-#define _PyMemTrack_MAP_OFFSET 48
-#define _PyMemTrack_MAP_BYTES 128
-/* A byte beside the pool's count of blocks, set whenever what its blocks
-   hold may have changed (a block handed out, freed or marked, an object's
-   class assigned), and cleared by the walk that remembers what they hold:
-   the walk looks again only into pools that changed.  (A byte for each
+/* A pool's header holds a map with a bit for each granule past the
+   header, which says that the block starting there holds data, and a byte
+   that says the pool changed: set whenever what its blocks hold may have
+   changed (a block handed out, freed or marked, an object's class
+   assigned), and cleared by the walk that remembers what they hold.  The
+   walk looks again only into pools that changed.  (A byte for each
    quarter of a pool saved a quarter of the walk's time on a heap mutated
    at random, for 1.5% more instructions over bench/'s kinds, 2.8% on its
    integer loop; one byte per pool costs 0.3% and 0.5%.) */
-#define _PyMemTrack_CHANGED_OFFSET 4
+#define _PyMemTrack_POOL_MASK \
+    (((uintptr_t)1 << _PyObmalloc_POOL_BITS) - 1)
+
+static inline struct pool_header *
+_PyMemTrack_PoolOf(uintptr_t block)
+{
+    return (struct pool_header *)(block & ~_PyMemTrack_POOL_MASK);
+}
 
 /* What pymalloc's free writes into a block's second word, so that the walk
    can tell a free block without following the pool's list.  No block that
@@ -147,23 +154,21 @@ PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 static inline uint8_t *
 _PyMemTrack_MapByte(uintptr_t block)
 {
-    return (uint8_t *)((block & ~_PyMemTrack_POOL_MASK)
-                       + _PyMemTrack_MAP_OFFSET - 1
-                       + ((block & _PyMemTrack_POOL_MASK)
-                          >> (_PyMemTrack_GRANULE_SHIFT + 3)));
+    return &_PyMemTrack_PoolOf(block)->memtrack_map[
+        ((block & _PyMemTrack_POOL_MASK) >> (_PyObmalloc_GRANULE_SHIFT + 3))
+        - 1];
 }
 
 static inline uint8_t
 _PyMemTrack_MapBit(uintptr_t block)
 {
-    return (uint8_t)(1u << ((block >> _PyMemTrack_GRANULE_SHIFT) % 8));
+    return (uint8_t)(1u << ((block >> _PyObmalloc_GRANULE_SHIFT) % 8));
 }
 
 static inline void
 _PyMemTrack_PoolChanged(uintptr_t block)
 {
-    *(uint8_t *)((block & ~_PyMemTrack_POOL_MASK)
-                 + _PyMemTrack_CHANGED_OFFSET) = 1;
+    _PyMemTrack_PoolOf(block)->memtrack_changed = 1;
 }
 
 /* Whether a block in a pool is marked as holding data. */
@@ -191,18 +196,14 @@ _PyMemTrack_Unmark(uintptr_t block)
 static inline size_t
 _PyMemTrack_ClassSize(unsigned int szidx)
 {
-    return ((size_t)szidx + 1) << _PyMemTrack_GRANULE_SHIFT;
+    return ((size_t)szidx + 1) << _PyObmalloc_GRANULE_SHIFT;
 }
 
 /* The size class of a block in a pool, from its pool's header. */
 static inline unsigned int
 _PyMemTrack_PooledClass(uintptr_t block)
 {
-    unsigned int szidx;
-    memcpy(&szidx, (const void *)((block & ~_PyMemTrack_POOL_MASK)
-                                  + _PyMemTrack_SZIDX_OFFSET),
-           sizeof(szidx));
-    return szidx;
+    return _PyMemTrack_PoolOf(block)->szidx;
 }
 
 /* The block handed out last holds data, as far as anyone knows: no object
@@ -276,7 +277,7 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
     /* Whatever its last life was (marked after it was freed, even). */
     _PyMemTrack_Unmark((uintptr_t)block);
     if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
-            nbytes, (size_t)1 << _PyMemTrack_GRANULE_SHIFT)))
+            nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT)))
     {
         return _PyMemTrack_NotePeakFor(block);
     }
@@ -299,15 +300,29 @@ _PyMemTrack_PooledFreed(void *block, unsigned int szidx)
     _PyMemTrack_PoolChanged((uintptr_t)block);
 }
 
-/* Blocks of the mem and object domains that pymalloc does not serve, as
-   the domain hands them out (inside any debug hooks). */
-extern void _PyMemTrack_LargeHandedOut(void *block, size_t size);
-extern void _PyMemTrack_LargeFreed(void *block, size_t size);
-/* What malloc() reserved for such a block; 0 for one not counted. */
-extern size_t _PyMemTrack_LargeSize(void *block);
+/* The functions beneath every domain (obmalloc.c's _PyMem_Raw*): malloc()
+   and the others, counting what they hand out.  The context tells the
+   raw domain's own blocks (_PyMemTrack_RAW_CTX, the raw domain's default
+   allocator's) from those of the mem and object domains (with
+   PYTHONMALLOC=malloc, or pymalloc's large requests, which it passes to the
+   raw domain through the _PyMemTrack_Fallback* functions). */
+extern char _PyMemTrack_raw_ctx;
+#define _PyMemTrack_RAW_CTX ((void *)&_PyMemTrack_raw_ctx)
+extern void *_PyMemTrack_BaseMalloc(void *ctx, size_t size);
+extern void *_PyMemTrack_BaseCalloc(void *ctx, size_t nelem, size_t elsize);
+extern void *_PyMemTrack_BaseRealloc(void *ctx, void *ptr, size_t size);
+extern void _PyMemTrack_BaseFree(void *ctx, void *ptr);
 
-extern void _PyMemTrack_RawHandedOut(size_t size);
-extern void _PyMemTrack_RawFreed(size_t size);
+/* PyMem_Raw*() for pymalloc's large requests, whose blocks belong to the
+   object domain all the same.  (A call each: a flag set around the raw
+   domain's call in obmalloc.c costs pymalloc's fast paths a register.) */
+extern void *_PyMemTrack_FallbackMalloc(size_t size);
+extern void *_PyMemTrack_FallbackCalloc(size_t nelem, size_t elsize);
+extern void *_PyMemTrack_FallbackRealloc(void *ptr, size_t size);
+extern void _PyMemTrack_FallbackFree(void *ptr);
+
+/* A domain's allocator was set, with debug hooks (1) or without (0). */
+extern void _PyMemTrack_DebugHooks(PyMemAllocatorDomain domain, int hooks);
 
 /* Threads' frame data stacks, from the arena allocator (pystate.c). */
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
@@ -324,14 +339,21 @@ extern size_t _PyMemTrack_ClaimedSize(void *ptr);
 extern void _PyMemTrack_NewObjectSlow(PyObject *op);
 extern void _PyMemTrack_NewLargeObject(void *block, PyObject *op);
 
+/* Where the block pymalloc would have handed out for op starts: before the
+   object by what its type puts there, and by the debug hooks' pad. */
+static inline uintptr_t
+_PyMemTrack_ObjectBlock(PyObject *op)
+{
+    return ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
+            - _Py_memtrack.hooks_pad);
+}
+
 static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
     /* The usual case: made in the block pymalloc handed out last, which
-       stays unmarked.  The block starts before the object by what its type
-       puts there, and by the debug hooks' pad. */
-    uintptr_t block = ((uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op))
-                       - _Py_memtrack.hooks_pad);
+       stays unmarked. */
+    uintptr_t block = _PyMemTrack_ObjectBlock(op);
     if (block == _Py_memtrack.last_block) {
         _Py_memtrack.last_block = 0;
     }

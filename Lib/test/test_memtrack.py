@@ -10,6 +10,7 @@ import itertools
 import operator
 import struct
 import sys
+import sysconfig
 import threading
 import time
 import unittest
@@ -37,6 +38,18 @@ libc.malloc.argtypes = [ctypes.c_size_t]
 libc.malloc_usable_size.restype = ctypes.c_size_t
 libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
 libc.free.argtypes = [ctypes.c_void_p]
+# Without malloc_usable_size(), each block malloc() gives starts with what
+# the block takes in all, in a prefix of alignof(max_align_t) bytes.
+USABLE_SIZE = sysconfig.get_config_var("HAVE_MALLOC_USABLE_SIZE")
+SIZE_PREFIX = 0 if USABLE_SIZE else 16
+
+
+def reserved(pointer):
+    """What the accounting counts for the block malloc() gave, handed out
+    at pointer."""
+    if USABLE_SIZE:
+        return libc.malloc_usable_size(pointer)
+    return ctypes.c_size_t.from_address(pointer - SIZE_PREFIX).value
 
 
 def object_init(address, cls):
@@ -58,6 +71,8 @@ def block_size(nbytes):
         if nbytes <= 512:
             return (nbytes + 15) // 16 * 16
         nbytes += HOOKS     # passed on to the raw domain, hooked as well
+    if not USABLE_SIZE:
+        return SIZE_PREFIX + nbytes
     probe = libc.malloc(nbytes)     # malloc's sizes depend on nothing else
     try:
         return libc.malloc_usable_size(probe)
@@ -88,7 +103,7 @@ def object_block(obj):
     pre = pre_header(type(obj))
     # Debug hooks put 2 size_t before the block, at each domain they wrap.
     hooked = 2 if ALLOCATOR == "pymalloc_debug" else 1 if HOOKS else 0
-    return libc.malloc_usable_size(id(obj) - pre - hooked * 2 * POINTER)
+    return reserved(id(obj) - pre - hooked * 2 * POINTER)
 
 
 def objects_block(objs):

@@ -11,10 +11,12 @@
      (-R 3:3), then test_embed, whose test_no_memleak checks that a run
      ends with nothing left allocated.  Assertions are on in this build.
   4. build/test-sanitizers: ./configure --with-address-sanitizer
-     --with-undefined-behavior-sanitizer --with-memory-tracking; runs the
-     project's own tests and the upstream modules that exercise tracing,
-     frames and generators (SANITIZED_SLICE).  Any report fails the test
-     that made it.
+     --with-undefined-behavior-sanitizer --with-memory-tracking, and as if
+     the C library had no malloc_usable_size(), so that the tracking's
+     fallback (a size prefix on each malloc()ed block) runs under the
+     sanitizers; runs the project's own tests and the upstream modules
+     that exercise tracing, frames and generators (SANITIZED_SLICE).  Any
+     report fails the test that made it.
 
 Failures known to happen on stock 3.11.2 on our machines (KNOWN_FAILURES)
 are reported but not counted; every other failure fails the run.  The last
@@ -372,7 +374,8 @@ def main():
     sanitized = build(lay, "test-sanitizers",
                       ["--with-address-sanitizer",
                        "--with-undefined-behavior-sanitizer",
-                       "--with-memory-tracking"], ns.jobs)
+                       "--with-memory-tracking",
+                       "ac_cv_func_malloc_usable_size=no"], ns.jobs)
 
     tally = Tally()
     mine = own_tests(lay)
