@@ -1274,6 +1274,36 @@ done:
 }
 
 
+Py_ssize_t
+_PyMemTrack_TopTags(_PyMemTrack_TagBytes *top, Py_ssize_t n)
+{
+    (void)count_objects();
+    Py_ssize_t found = 0;
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        Py_ssize_t bytes = t->bytes + t->object_bytes;
+        Py_ssize_t i;
+        if (bytes <= 0) {
+            continue;
+        }
+        if (found < n) {
+            i = found++;
+        }
+        else if (n > 0 && top[n - 1].bytes < bytes) {
+            i = n - 1;
+        }
+        else {
+            continue;
+        }
+        for (; i > 0 && top[i - 1].bytes < bytes; i--) {
+            top[i] = top[i - 1];
+        }
+        top[i].name = t->type != NULL ? _PyType_Name(t->type) : t->name;
+        top[i].bytes = bytes;
+    }
+    return found;
+}
+
+
 /* --- the sys functions --------------------------------------------------- */
 
 /*[clinic input]

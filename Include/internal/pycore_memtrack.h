@@ -475,6 +475,18 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 /* sys.total_memory_used(), for the profilers too. */
 PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);
 
+/* The tags of sys.type_memory_usage() that hold the most bytes, largest
+   first: at most n of them, into top; how many.  For the sampling
+   profiler, which reads them at a check point of the eval loop: with the
+   GIL held, and no Python object made.  A name stays valid while the GIL
+   is held. */
+typedef struct {
+    const char *name;
+    Py_ssize_t bytes;
+} _PyMemTrack_TagBytes;
+PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TopTags(_PyMemTrack_TagBytes *top,
+                                           Py_ssize_t n);
+
 /* Add sys.total_memory_used() and the other sys functions to sys. */
 extern int _PyMemTrack_AddSysFunctions(PyObject *sysmod);
 

@@ -11,6 +11,7 @@ import marshal
 import os
 import pstats
 import signal
+import sys
 import sysconfig
 import tempfile
 import textwrap
@@ -316,12 +317,71 @@ class BasicTests(unittest.TestCase):
                 self.assertGreater(m["tracked"], 0)
             else:
                 self.assertIsNone(m["tracked"])
+                self.assertIsNone(m["types"])
+        if TRACKS_MEMORY:
+            # The last is read at stop(), by the thread that stops.
+            self.assertIsInstance(r["memory"][-1]["types"], dict)
         values = [m["tracked"] if TRACKS_MEMORY else m["rss"]
                   for m in r["memory"]]
         self.assertEqual(r["start_memory"], values[0])
         self.assertEqual(r["max_memory"], max(values))
         self.assertEqual(r["end_memory"], values[-1])
         self.assertTrue(any(s["memory"] is not None for s in r["samples"]))
+
+    @unittest.skipUnless(TRACKS_MEMORY, "needs --with-memory-tracking")
+    def test_memory_samples_top_types(self):
+        class Ballast:
+            __slots__ = ("a", "b")
+
+        ballast = [Ballast() for _ in range(100_000)]
+        sampler = Sampler(1000, memory_rate=200)
+        with sampler:
+            work(3)
+        usage = sys.type_memory_usage()
+        memory = results(sampler)["memory"]
+        read = [m["types"] for m in memory if m["types"] is not None]
+        # Read at a check point while work() ran (the first memory sample
+        # always is), and at stop().
+        self.assertGreaterEqual(len(read), 2)
+        self.assertIsNotNone(memory[-1]["types"])
+        for types in read:
+            self.assertLessEqual(len(types), 10)
+            self.assertEqual(list(types.values()),
+                             sorted(types.values(), reverse=True))
+            self.assertTrue(all(v > 0 for v in types.values()))
+            # The ballast is among the largest, with what sys says it has.
+            self.assertEqual(types["Ballast"], usage["Ballast"])
+        self.assertGreaterEqual(usage["Ballast"],
+                                len(ballast) * Ballast.__basicsize__)
+
+    @unittest.skipUnless(TRACKS_MEMORY, "needs --with-memory-tracking")
+    def test_memory_types_readings_are_spaced(self):
+        # Objects freed all over a large heap: each reading looks into most
+        # pools again, and the next memory samples go without, so that the
+        # readings take a small share of the time.
+        ballast = [[i] for i in range(300_000)]
+        sampler = Sampler(1000, memory_rate=1000)
+        with sampler:
+            for i in range(600_000):
+                ballast[i * 7919 % len(ballast)] = [i]
+        memory = results(sampler)["memory"]
+        read = [m for m in memory if m["types"] is not None]
+        self.assertGreater(len(memory), 20)
+        self.assertGreaterEqual(len(read), 2)
+        self.assertLess(len(read), len(memory) / 4)
+
+    @unittest.skipUnless(TRACKS_MEMORY, "needs --with-memory-tracking")
+    def test_memory_types_need_python_code_running(self):
+        # No thread runs Python code while this one sleeps: no check point
+        # reads the tags, until this one runs again.
+        sampler = Sampler(1000, memory_rate=100)
+        with sampler:
+            time.sleep(0.3)
+        memory = results(sampler)["memory"]
+        self.assertGreater(len(memory), 10)
+        unread = [m for m in memory if m["types"] is None]
+        self.assertGreaterEqual(len(unread), len(memory) - 3)
+        self.assertIsInstance(memory[-1]["types"], dict)
 
     def test_no_memory_samples(self):
         sampler = Sampler(1000, memory_rate=0)

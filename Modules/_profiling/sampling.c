@@ -110,9 +110,24 @@ typedef struct {
 
 typedef struct {
     uint32_t tick;
+    int32_t first_tag;       /* its top tags in `tags`; -1 for none read */
     int64_t rss;
     int64_t tracked;         /* -1 without memory tracking */
+    int32_t ntags;
 } MemorySample;
+
+/* A tag of sys.type_memory_usage() with its bytes, in a memory sample. */
+typedef struct {
+    int32_t name;            /* in `tag_names` */
+    int64_t bytes;
+} TagBytes;
+
+/* The tags a memory sample reads, at most. */
+#define TOP_TAGS 10
+/* Reading them takes from a tenth of a millisecond to a few, as the heap
+   changed since the last reading: the readings are spaced to take at
+   most 1/TAGS_SHARE of the time. */
+#define TAGS_SHARE 50
 
 /* A frame of the path of a thread's stack interned last. */
 typedef struct {
@@ -182,6 +197,17 @@ typedef struct {
     Py_ssize_t nsamples, samples_capacity;
     MemorySample *memory;
     Py_ssize_t nmemory, memory_capacity;
+    TagBytes *tags;
+    Py_ssize_t ntags, tags_capacity;
+    char **tag_names;        /* copies, from the raw domain */
+    Py_ssize_t ntag_names, tag_names_capacity;
+    /* The memory sample whose top tags the next check point of the eval
+       loop reads; -1 for none. */
+    Py_ssize_t tags_wanted;
+    /* No reading before this time (monotonic_ns()), which keeps the
+       readings to a share of the time (TAGS_SHARE); INT64_MAX while one
+       runs. */
+    int64_t tags_next_ns;
     ThreadInfo *threads;
     int32_t nthreads, threads_capacity;
     int out_of_memory;
@@ -807,8 +833,8 @@ rss_bytes(SamplerObject *self)
 static void
 take_memory_sample(SamplerObject *self, uint32_t tick)
 {
-    MemorySample sample = {.tick = tick, .rss = rss_bytes(self),
-                           .tracked = -1};
+    MemorySample sample = {.tick = tick, .first_tag = -1,
+                           .rss = rss_bytes(self), .tracked = -1};
 #ifdef Py_TRACK_MEMORY
     /* Its counts are read without the GIL: a sum of words. */
     sample.tracked = _PyMemTrack_TotalBytes();
@@ -818,12 +844,78 @@ take_memory_sample(SamplerObject *self, uint32_t tick)
              sizeof(MemorySample)) == 0)
     {
         self->memory[self->nmemory++] = sample;
+#ifdef Py_TRACK_MEMORY
+        /* The tags need the GIL (the reading walks the pools that changed
+           since the last): the thread holding it reads them at its next
+           check point.  A sample whose reading has not come by the next
+           one's goes without, and so do those during a reading and too
+           soon after it. */
+        if (self->tags_wanted >= 0 || monotonic_ns() >= self->tags_next_ns) {
+            self->tags_wanted = self->nmemory - 1;
+        }
+#endif
     }
     else {
         self->out_of_memory = 1;
     }
     pthread_mutex_unlock(&self->lock);
 }
+
+#ifdef Py_TRACK_MEMORY
+/* The index of a tag's name, copied the first time. */
+static int32_t
+tag_name(SamplerObject *self, const char *name)
+{
+    for (Py_ssize_t i = 0; i < self->ntag_names; i++) {
+        if (strcmp(self->tag_names[i], name) == 0) {
+            return (int32_t)i;
+        }
+    }
+    if (self->ntag_names >= INT32_MAX
+        || grow((void **)&self->tag_names, &self->tag_names_capacity,
+                self->ntag_names, sizeof(char *)) < 0)
+    {
+        return -1;
+    }
+    size_t size = strlen(name) + 1;
+    char *copy = PyMem_RawMalloc(size);
+    if (copy == NULL) {
+        return -1;
+    }
+    memcpy(copy, name, size);
+    self->tag_names[self->ntag_names] = copy;
+    return (int32_t)self->ntag_names++;
+}
+
+/* Read the top tags of memory sample i, with the GIL held. */
+static void
+read_top_tags(SamplerObject *self, Py_ssize_t i)
+{
+    _PyMemTrack_TagBytes top[TOP_TAGS];
+    int64_t start = monotonic_ns();
+    Py_ssize_t n = _PyMemTrack_TopTags(top, TOP_TAGS);
+    int64_t end = monotonic_ns();
+    pthread_mutex_lock(&self->lock);
+    self->tags_next_ns = end + (end - start) * (TAGS_SHARE - 1);
+    Py_ssize_t first = self->ntags;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t name = tag_name(self, top[k].name);
+        if (name < 0 || self->ntags >= INT32_MAX
+            || grow((void **)&self->tags, &self->tags_capacity, self->ntags,
+                    sizeof(TagBytes)) < 0)
+        {
+            self->ntags = first;
+            self->out_of_memory = 1;
+            goto done;
+        }
+        self->tags[self->ntags++] = (TagBytes){name, top[k].bytes};
+    }
+    self->memory[i].first_tag = (int32_t)first;
+    self->memory[i].ntags = (int32_t)n;
+done:
+    pthread_mutex_unlock(&self->lock);
+}
+#endif
 
 #ifdef __linux__
 /* Since Linux 6.6 (EEVDF), a thread of the normal class may ask for a short
@@ -910,6 +1002,9 @@ sampler_main(void *arg)
             && due / self->memory_every != tick / self->memory_every)
         {
             take_memory_sample(self, (uint32_t)due);
+#ifdef Py_TRACK_MEMORY
+            tell_holder(self);
+#endif
         }
         self->last_tick = (uint32_t)due;
         tick = due;
@@ -922,13 +1017,10 @@ sampler_main(void *arg)
 /* The interpreter's side: the answer of the thread holding the GIL, and
    the death of code objects.  Both run with the GIL held. */
 
+/* Record the stack of tstate, holding the GIL, if asked for it. */
 static void
-answer(PyThreadState *tstate)
+answer_request(SamplerObject *self, PyThreadState *tstate)
 {
-    SamplerObject *self = active;
-    if (self == NULL) {
-        return;
-    }
     pthread_mutex_lock(&self->lock);
     if (self->request.pending && self->request.tstate_id == tstate->id
         && tstate->interp == self->interp)
@@ -945,6 +1037,31 @@ answer(PyThreadState *tstate)
         self->request.pending = 0;
     }
     pthread_mutex_unlock(&self->lock);
+}
+
+static void
+answer(PyThreadState *tstate)
+{
+    SamplerObject *self = active;
+    if (self == NULL) {
+        return;
+    }
+    answer_request(self, tstate);
+#ifdef Py_TRACK_MEMORY
+    pthread_mutex_lock(&self->lock);
+    Py_ssize_t tags_wanted = self->tags_wanted;
+    self->tags_wanted = -1;
+    if (tags_wanted >= 0) {
+        self->tags_next_ns = INT64_MAX;
+    }
+    pthread_mutex_unlock(&self->lock);
+    if (tags_wanted >= 0) {
+        read_top_tags(self, tags_wanted);
+        /* The ticks the reading took are this thread's, here, in C: not
+           those of its next check point's line. */
+        answer_request(self, tstate);
+    }
+#endif
 }
 
 /* The names of a code object and the lines of its nodes, while it is
@@ -1033,6 +1150,11 @@ clear_store(SamplerObject *self)
     table_clear(&self->code_table);
     PyMem_RawFree(self->samples);
     PyMem_RawFree(self->memory);
+    PyMem_RawFree(self->tags);
+    for (Py_ssize_t i = 0; i < self->ntag_names; i++) {
+        PyMem_RawFree(self->tag_names[i]);
+    }
+    PyMem_RawFree(self->tag_names);
     for (int32_t i = 0; i < self->nthreads; i++) {
         PyMem_RawFree(self->threads[i].path);
     }
@@ -1043,11 +1165,17 @@ clear_store(SamplerObject *self)
     self->codes = NULL;
     self->samples = NULL;
     self->memory = NULL;
+    self->tags = NULL;
+    self->tag_names = NULL;
     self->threads = NULL;
     self->nnodes = self->nodes_capacity = 0;
     self->ncodes = self->codes_capacity = 0;
     self->nsamples = self->samples_capacity = 0;
     self->nmemory = self->memory_capacity = 0;
+    self->ntags = self->tags_capacity = 0;
+    self->ntag_names = self->tag_names_capacity = 0;
+    self->tags_wanted = -1;
+    self->tags_next_ns = 0;
     self->nthreads = self->threads_capacity = 0;
     self->out_of_memory = 0;
     self->ticks_taken = self->ticks_missed = 0;
@@ -1122,6 +1250,13 @@ stop(SamplerObject *self)
     }
     if (self->memory_every) {
         take_memory_sample(self, self->last_tick);
+#ifdef Py_TRACK_MEMORY
+        /* The last sample's tags, whatever they cost. */
+        self->tags_wanted = -1;
+        if (!self->out_of_memory) {
+            read_top_tags(self, self->nmemory - 1);
+        }
+#endif
     }
     self->running = 0;
     retire(self);
@@ -1412,8 +1547,31 @@ static PyObject *
 memory_item(SamplerObject *self, Py_ssize_t i)
 {
     MemorySample *m = &self->memory[i];
-    return Py_BuildValue("(kLL)", (unsigned long)m->tick, (long long)m->rss,
-                         (long long)m->tracked);
+    if (m->first_tag < 0) {
+        return Py_BuildValue("(kLLO)", (unsigned long)m->tick,
+                             (long long)m->rss, (long long)m->tracked,
+                             Py_None);
+    }
+    PyObject *tags = PyDict_New();
+    for (int32_t k = 0; tags != NULL && k < m->ntags; k++) {
+        TagBytes *tag = &self->tags[m->first_tag + k];
+        const char *text = self->tag_names[tag->name];
+        PyObject *name = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text),
+                                              "replace");
+        PyObject *bytes = PyLong_FromLongLong(tag->bytes);
+        if (name == NULL || bytes == NULL
+            || PyDict_SetItem(tags, name, bytes) < 0)
+        {
+            Py_CLEAR(tags);
+        }
+        Py_XDECREF(name);
+        Py_XDECREF(bytes);
+    }
+    if (tags == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(kLLN)", (unsigned long)m->tick, (long long)m->rss,
+                         (long long)m->tracked, tags);
 }
 
 /*[clinic input]
@@ -1468,16 +1626,21 @@ _sampling_Sampler_threads_impl(SamplerObject *self)
 /*[clinic input]
 _sampling.Sampler.memory
 
-Return the memory samples: a list of (tick, rss, tracked) tuples.
+Return the memory samples: a list of (tick, rss, tracked, tags) tuples.
 
 rss is the process's resident set in bytes (-1 where unknown); tracked
 is sys.total_memory_used() on a build configured --with-memory-tracking,
-else -1.
+else -1.  tags is, on such a build, a dict of the ten tags of
+sys.type_memory_usage() that held the most bytes, largest first, read by
+the thread holding the GIL at its next check point; None where no thread
+ran Python code before the next memory sample, where the last reading was
+too recent (the readings take at most 2% of the time), and without
+tracking.
 [clinic start generated code]*/
 
 static PyObject *
 _sampling_Sampler_memory_impl(SamplerObject *self)
-/*[clinic end generated code: output=c71d0484f3d19675 input=e0c56cc21f43effd]*/
+/*[clinic end generated code: output=c71d0484f3d19675 input=0e0c0fd0c479c4f1]*/
 {
     return make_list(self, self->nmemory, memory_item);
 }
@@ -1503,6 +1666,7 @@ _sampling_Sampler_info_impl(SamplerObject *self)
                    + (size_t)self->lines_capacity * sizeof(NodeLines)
                    + (size_t)self->nsamples * sizeof(Sample)
                    + (size_t)self->nmemory * sizeof(MemorySample)
+                   + (size_t)self->ntags * sizeof(TagBytes)
                    + (size_t)self->ncodes * sizeof(CodeEntry)
                    + (size_t)(self->node_table.mask + 1) * sizeof(int32_t)
                    + (size_t)(self->code_table.mask + 1) * sizeof(int32_t);

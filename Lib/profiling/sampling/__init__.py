@@ -208,8 +208,12 @@ class Sampler:
           one sample), the indexes of its frames outermost first, and the
           memory then (the last memory sample's, or None);
         - threads: a list of {ident, native_id, name};
-        - memory: a list of {time, rss, tracked} (bytes; tracked is None
-          without memory tracking);
+        - memory: a list of {time, rss, tracked, types} (bytes; tracked is
+          None without memory tracking; types the ten tags of
+          sys.type_memory_usage() holding the most bytes then, a dict,
+          largest first, or None without memory tracking, where no
+          thread ran Python code before the next memory sample, and where
+          the last reading was too recent);
         - start_memory, max_memory, end_memory: of the memory samples (the
           tracked bytes where counted, else the resident set), or None;
         - interval, start_time (time.time() at start), duration, total
@@ -255,8 +259,8 @@ class Sampler:
                          "name": data.thread_name(i)}
                         for i, (ident, native_id) in enumerate(data.threads)],
             "memory": [{"time": tick * data.interval, "rss": _known(rss),
-                        "tracked": _known(tracked)}
-                       for tick, rss, tracked in data.memory],
+                        "tracked": _known(tracked), "types": types}
+                       for tick, rss, tracked, types in data.memory],
             "start_memory": totals[0],
             "max_memory": totals[1],
             "end_memory": totals[2],
@@ -423,10 +427,10 @@ class _Memory:
     def __init__(self, samples):
         import bisect
         self._bisect = bisect.bisect_right
-        self._ticks = [tick for tick, _, _ in samples]
+        self._ticks = [tick for tick, *_ in samples]
         self._values = [tracked if tracked >= 0 else (rss if rss >= 0
                                                       else None)
-                        for _, rss, tracked in samples]
+                        for _, rss, tracked, _ in samples]
 
     def at(self, tick):
         i = self._bisect(self._ticks, tick)

@@ -170,7 +170,7 @@ def write_gecko(f, data):
         values = data.memory_values()._values
         previous = 0
         points = []
-        for (tick, _, _), value in zip(data.memory, values):
+        for (tick, *_), value in zip(data.memory, values):
             if value is None:
                 continue
             points.append([round(tick * ms, 3), value - previous, 1])
