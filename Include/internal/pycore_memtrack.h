@@ -506,6 +506,14 @@ extern int _PyMemTrack_AddSysFunctions(PyObject *sysmod);
 
 #endif  /* Py_TRACK_MEMORY */
 
+/* PyMem_NEW() and PyMem_RESIZE() for buffers an object owns. */
+#define _PyMem_OwnedNew(owner, type, n) \
+    ((size_t)(n) > PY_SSIZE_T_MAX / sizeof(type) ? NULL \
+     : (type *)_PyMem_OwnedMalloc((owner), (n) * sizeof(type)))
+#define _PyMem_OwnedResize(owner, p, type, n) \
+    ((p) = ((size_t)(n) > PY_SSIZE_T_MAX / sizeof(type) ? NULL \
+            : (type *)_PyMem_OwnedRealloc((owner), (p), (n) * sizeof(type))))
+
 #ifdef __cplusplus
 }
 #endif

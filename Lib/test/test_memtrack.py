@@ -586,6 +586,36 @@ class MemtrackTests(unittest.TestCase):
         self.check_owned(lambda: decimal.Decimal("7" * 100_000), "Decimal",
                          100_000 // 19 * 8)
 
+    def test_pickle_memos_count_under_pickler_and_unpickler(self):
+        pickle = import_helper.import_module("_pickle")
+        io = import_helper.import_module("io")
+        n = 50_000
+        items = [[i] for i in range(n)]
+        data = pickle.dumps(items)
+        wide = pickle.dumps(tuple(range(n)))
+
+        class SubPickler(pickle.Pickler):
+            pass
+
+        def pickled(cls):
+            pickler = cls(io.BytesIO())
+            pickler.dump(items)         # its memo keeps an entry per list
+            return pickler
+
+        def unpickled(data):
+            unpickler = pickle.Unpickler(io.BytesIO(data))
+            unpickler.load()            # so does its memo
+            return unpickler
+        # A pickler's memo entry is a key and a value.
+        self.check_owned(lambda: pickled(pickle.Pickler), "Pickler",
+                         n * 2 * POINTER)
+        self.check_owned(lambda: pickled(SubPickler), "Pickler",
+                         n * 2 * POINTER)
+        self.check_owned(lambda: unpickled(data), "Unpickler", n * POINTER)
+        # A tuple's items wait on the unpickler's stack, which keeps its
+        # size.
+        self.check_owned(lambda: unpickled(wide), "Pdata", n * POINTER)
+
     def test_utf8_copies_count_under_str(self):
         api.PyUnicode_AsUTF8.restype = ctypes.c_void_p
         api.PyUnicode_AsUTF8.argtypes = [ctypes.py_object]
