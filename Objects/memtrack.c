@@ -26,10 +26,13 @@
 
 #define RELAXED memory_order_relaxed
 
+/* What the debug hooks put before the pointer they hand out. */
+#define HOOKS_PAD (2 * sizeof(size_t))
+
 struct _Py_memtrack_counts _Py_memtrack = {
 #ifdef Py_DEBUG
     /* A debug build starts with the debug hooks. */
-    .hooks_pad = 2 * sizeof(size_t),
+    .hooks_pad = HOOKS_PAD,
 #endif
 };
 /* Blocks of the mem and object domains from outside the pools. */
@@ -46,6 +49,7 @@ static _Atomic Py_ssize_t other_peak;
 
 /* Every tally, types' and names', for sys to read. */
 static _Py_memtally *tallies;
+static size_t ntallies;
 static _Py_memtally *free_tallies;
 
 /* The table starts empty, with two slots that are never written. */
@@ -199,6 +203,7 @@ new_tally(void)
         }
     }
     memset(t, 0, sizeof(*t));
+    ntallies++;
     t->next = tallies;
     if (tallies != NULL) {
         tallies->prev = t;
@@ -221,6 +226,7 @@ free_tally(_Py_memtally *t)
     }
     t->next = free_tallies;
     free_tallies = t;
+    ntallies--;
 }
 
 /* Both tables here probe linearly, and delete by moving back the entries
@@ -508,9 +514,6 @@ _PyMemTrack_FallbackFree(void *ptr)
     pymalloc_fallback = 0;
 }
 
-/* What the debug hooks put before the pointer they hand out. */
-#define HOOKS_PAD (2 * sizeof(size_t))
-
 /* Whether debug hooks wrap the raw domain (the object domain's are in
    _Py_memtrack.hooks_pad).  A debug build starts with them. */
 #ifdef Py_DEBUG
@@ -590,18 +593,18 @@ base_handed_out(void *ctx, void *base, size_t size)
     return ptr;
 }
 
-/* Count out a block handed out; the block to give back to malloc(). */
-static void *
-base_freed(void *ctx, void *ptr)
+/* Count out a block malloc() gave, at base; the bytes it took. */
+static size_t
+base_freed(void *ctx, void *base)
 {
-    void *base = (char *)ptr - SIZE_PREFIX;
+    size_t size = base_size(base);
     if (is_raw_domain(ctx)) {
-        raw_freed(base_size(base));
+        raw_freed(size);
     }
     else {
-        large_freed(domain_block(ptr), base_size(base));
+        large_freed(domain_block((char *)base + SIZE_PREFIX), size);
     }
-    return base;
+    return size;
 }
 
 void *
@@ -648,8 +651,8 @@ _PyMemTrack_BaseRealloc(void *ctx, void *ptr, size_t size)
     }
     /* realloc() may free the block: count it out first, and back in if it
        fails. */
-    size_t old_size = base_size((char *)ptr - SIZE_PREFIX);
-    void *base = base_freed(ctx, ptr);
+    void *base = (char *)ptr - SIZE_PREFIX;
+    size_t old_size = base_freed(ctx, base);
     void *new = realloc(base, SIZE_PREFIX + size);
     if (new == NULL) {
         base_handed_out(ctx, base, old_size);
@@ -662,7 +665,9 @@ void
 _PyMemTrack_BaseFree(void *ctx, void *ptr)
 {
     if (ptr != NULL) {
-        free(base_freed(ctx, ptr));
+        void *base = (char *)ptr - SIZE_PREFIX;
+        (void)base_freed(ctx, base);
+        free(base);
     }
 }
 
@@ -1203,10 +1208,7 @@ usage_by_tag(int blocks, int by_type)
        first, then report the copy.  The copy holds its types: the dict may
        set off a collection, which may free them. */
     Py_ssize_t locked_blocks = count_objects();
-    size_t n = 0;
-    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
-        n++;
-    }
+    size_t n = ntallies;
     struct {
         PyTypeObject *type;
         const char *name;
@@ -1274,15 +1276,61 @@ done:
 }
 
 
+/* Bytes summed by name: open addressing with linear probing, at most
+   half full. */
+typedef struct {
+    const char *name;               /* NULL for an empty slot */
+    Py_uhash_t hash;
+    Py_ssize_t bytes;
+} name_sum;
+
+static void
+add_by_name(name_sum *sums, size_t mask, const char *name, Py_ssize_t bytes)
+{
+    if (bytes <= 0) {
+        return;
+    }
+    Py_uhash_t hash = hash_name(name);
+    size_t i = (size_t)hash & mask;
+    for (; sums[i].name != NULL; i = (i + 1) & mask) {
+        if (sums[i].hash == hash && strcmp(sums[i].name, name) == 0) {
+            sums[i].bytes += bytes;
+            return;
+        }
+    }
+    sums[i] = (name_sum){name, hash, bytes};
+}
+
 Py_ssize_t
 _PyMemTrack_TopTags(_PyMemTrack_TagBytes *top, Py_ssize_t n)
 {
     (void)count_objects();
-    Py_ssize_t found = 0;
+    /* Types may share a name (classes made by a function): their bytes
+       are summed by name, as sys.type_memory_usage() does, before the
+       largest are picked. */
+    size_t capacity = 8;
+    while (capacity < 2 * (ntallies + 1)) {     /* and the frame stacks */
+        capacity *= 2;
+    }
+    name_sum *sums = PyObject_RAW_MALLOC(capacity * sizeof(name_sum));
+    if (sums == NULL) {
+        return -1;
+    }
+    memset(sums, 0, capacity * sizeof(name_sum));
+    size_t mask = capacity - 1;
+    add_by_name(sums, mask, _PyType_Name(&PyFrame_Type),
+                atomic_load_explicit(&stack_bytes, RELAXED));
     for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
-        Py_ssize_t bytes = t->bytes + t->object_bytes;
+        add_by_name(sums, mask,
+                    t->type != NULL ? _PyType_Name(t->type) : t->name,
+                    t->bytes + t->object_bytes);
+    }
+
+    Py_ssize_t found = 0;
+    for (size_t k = 0; k < capacity; k++) {
+        Py_ssize_t bytes = sums[k].bytes;
         Py_ssize_t i;
-        if (bytes <= 0) {
+        if (sums[k].name == NULL) {
             continue;
         }
         if (found < n) {
@@ -1297,9 +1345,9 @@ _PyMemTrack_TopTags(_PyMemTrack_TagBytes *top, Py_ssize_t n)
         for (; i > 0 && top[i - 1].bytes < bytes; i--) {
             top[i] = top[i - 1];
         }
-        top[i].name = t->type != NULL ? _PyType_Name(t->type) : t->name;
-        top[i].bytes = bytes;
+        top[i] = (_PyMemTrack_TagBytes){sums[k].name, bytes};
     }
+    PyObject_RAW_FREE(sums);
     return found;
 }
 

@@ -476,7 +476,8 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);
 
 /* The tags of sys.type_memory_usage() that hold the most bytes, largest
-   first: at most n of them, into top; how many.  For the sampling
+   first, types of one name summed: at most n of them, into top; how many,
+   or -1 without memory (no exception set).  For the sampling
    profiler, which reads them at a check point of the eval loop: with the
    GIL held, and no Python object made.  A name stays valid while the GIL
    is held. */

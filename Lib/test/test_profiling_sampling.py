@@ -355,6 +355,29 @@ class BasicTests(unittest.TestCase):
                                 len(ballast) * Ballast.__basicsize__)
 
     @unittest.skipUnless(TRACKS_MEMORY, "needs --with-memory-tracking")
+    def test_memory_types_of_one_name_are_summed(self):
+        # Classes made by a function share a name: sys sums them, and so
+        # does a memory sample, before it picks the largest.  No class
+        # alone is among the largest; all together they are.
+        def make_class():
+            class Row:
+                __slots__ = ("a", "b", "c")
+            return Row
+
+        rows = [cls() for cls in [make_class() for _ in range(2_000)]
+                for _ in range(100)]
+        sampler = Sampler(1000)
+        with sampler:
+            pass
+        usage = sys.type_memory_usage()
+        types = results(sampler)["memory"][-1]["types"]
+        self.assertGreaterEqual(usage["Row"],
+                                len(rows) * type(rows[0]).__basicsize__)
+        self.assertEqual(types["Row"], usage["Row"])
+        per_class = sys.type_memory_usage(by_type=True)[type(rows[0])]
+        self.assertLess(per_class, min(types.values()))
+
+    @unittest.skipUnless(TRACKS_MEMORY, "needs --with-memory-tracking")
     def test_memory_types_readings_are_spaced(self):
         # Objects freed all over a large heap: each reading looks into most
         # pools again, and the next memory samples go without, so that the

@@ -830,9 +830,11 @@ rss_bytes(SamplerObject *self)
     return (int64_t)resident * sysconf(_SC_PAGESIZE);
 }
 
-static void
+/* Returns whether the sample wants the tags read. */
+static int
 take_memory_sample(SamplerObject *self, uint32_t tick)
 {
+    int wanted = 0;
     MemorySample sample = {.tick = tick, .first_tag = -1,
                            .rss = rss_bytes(self), .tracked = -1};
 #ifdef Py_TRACK_MEMORY
@@ -852,6 +854,7 @@ take_memory_sample(SamplerObject *self, uint32_t tick)
            soon after it. */
         if (self->tags_wanted >= 0 || monotonic_ns() >= self->tags_next_ns) {
             self->tags_wanted = self->nmemory - 1;
+            wanted = 1;
         }
 #endif
     }
@@ -859,6 +862,7 @@ take_memory_sample(SamplerObject *self, uint32_t tick)
         self->out_of_memory = 1;
     }
     pthread_mutex_unlock(&self->lock);
+    return wanted;
 }
 
 #ifdef Py_TRACK_MEMORY
@@ -898,6 +902,10 @@ read_top_tags(SamplerObject *self, Py_ssize_t i)
     pthread_mutex_lock(&self->lock);
     self->tags_next_ns = end + (end - start) * (TAGS_SHARE - 1);
     Py_ssize_t first = self->ntags;
+    if (n < 0) {
+        self->out_of_memory = 1;
+        goto done;
+    }
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t name = tag_name(self, top[k].name);
         if (name < 0 || self->ntags >= INT32_MAX
@@ -1001,10 +1009,9 @@ sampler_main(void *arg)
         if (self->memory_every
             && due / self->memory_every != tick / self->memory_every)
         {
-            take_memory_sample(self, (uint32_t)due);
-#ifdef Py_TRACK_MEMORY
-            tell_holder(self);
-#endif
+            if (take_memory_sample(self, (uint32_t)due)) {
+                tell_holder(self);
+            }
         }
         self->last_tick = (uint32_t)due;
         tick = due;
@@ -1669,7 +1676,11 @@ _sampling_Sampler_info_impl(SamplerObject *self)
                    + (size_t)self->ntags * sizeof(TagBytes)
                    + (size_t)self->ncodes * sizeof(CodeEntry)
                    + (size_t)(self->node_table.mask + 1) * sizeof(int32_t)
-                   + (size_t)(self->code_table.mask + 1) * sizeof(int32_t);
+                   + (size_t)(self->code_table.mask + 1) * sizeof(int32_t)
+                   + (size_t)self->tag_names_capacity * sizeof(char *);
+    for (Py_ssize_t i = 0; i < self->ntag_names; i++) {
+        bytes += strlen(self->tag_names[i]) + 1;
+    }
     return Py_BuildValue(
         "{sdsKsKsKsdsnsisn}",
         "interval", (double)self->interval_ns * 1e-9,
