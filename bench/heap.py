@@ -7,9 +7,12 @@ interpreter's own, then, the median of the rounds:
 
   scan        profiling.heap.snapshot(): objects per second
   scratch     the snapshot's own bytes per record (records, edges, table),
-              after the scan and at its end (before the arrays are cut to
-              size): for the first snapshot, and for the next ones, which
-              size their arrays from the one before
+              after the scan, and at its peak: on a build with memory
+              tracking, the most sys.total_memory_used() rose over what it
+              was before (else what the arrays held at the scan's end,
+              before they are cut to size); for the first snapshot, and
+              for the next ones, which size their arrays from the one
+              before
   dominators  dominators and retained sizes of every record
   summary     the summary by type
   export      writing the .heapsnapshot (and, with --devtools, DevTools'
@@ -54,6 +57,18 @@ def timed(function):
     return time.perf_counter() - start, result
 
 
+TRACKS_MEMORY = hasattr(sys, "total_memory_used")
+
+
+def memory_used():
+    """The tracked bytes now, the peak reset to them; None untracked."""
+    if not TRACKS_MEMORY:
+        return None
+    gc.collect()
+    sys.reset_peak_memory_used()
+    return sys.total_memory_used()
+
+
 def python_walk(roots):
     """What a scanner in Python does: breadth first, get_referents."""
     seen = {id(r) for r in roots}
@@ -90,13 +105,15 @@ def main():
         for round_ in range(ns.rounds):
             # The snapshot before is kept, as for a diff: the scan sizes
             # its arrays from it.
+            before = memory_used()
             seconds, snap = timed(lambda: profiling.heap.snapshot([heap]))
             info = snap.info()
+            peak = (sys.peak_memory_used() - before if TRACKS_MEMORY
+                    else info["scan_peak_bytes"])
             record("scan", seconds, info["records"])
             record("scratch", info["scanner_bytes"] / info["records"])
             record("scratch at peak" if round_ else
-                   "scratch at peak, first",
-                   info["scan_peak_bytes"] / info["records"])
+                   "scratch at peak, first", peak / info["records"])
             record("dominators", timed(lambda: snap._data.retained(0))[0])
             record("summary", timed(snap.summary)[0])
             record("export",

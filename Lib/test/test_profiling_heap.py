@@ -5,6 +5,7 @@ import collections
 import ctypes
 import gc
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -239,6 +240,22 @@ class RuleTests(unittest.TestCase):
         self.assertEqual(snap.size(huge), 5 << 40)
         self.assertEqual(snap.retained_size(huge), 5 << 40)
 
+    def test_sizes_about_64_kib(self):
+        # A record keeps sizes below 64 KiB itself, and the others beside
+        # it: both kinds, in any order, with those of objects and lists.
+        sizes = [0, 1, 65534, 65535, 65536, 7, 1 << 20, 65535, 3]
+        blocks = [Virtual("block", size) for size in sizes]
+        big_list = [None] * 10_000
+        snap = snapshot([blocks, big_list])
+        self.assertEqual([snap.size(b) for b in blocks], sizes)
+        self.assertEqual(snap.retained_size(blocks),
+                         snap.size(blocks) + sum(sizes))
+        self.assertGreater(snap.size(big_list), 10_000 * 8)
+        self.assertEqual(snap.retained_size(big_list), snap.size(big_list))
+        summary = {row.type: row for row in snap.summary()}
+        self.assertEqual(summary["block"].count, len(sizes))
+        self.assertEqual(summary["block"].size, sum(sizes))
+
     def test_children_rule_gives_virtual_objects(self):
         class Pool:
             pass
@@ -275,6 +292,31 @@ class BadInputTests(unittest.TestCase):
             rules.wholetype[Derived] = rule
             with self.subTest(rule=rule), self.assertRaises(error):
                 snapshot([obj], rules)
+        self.check_consistent()
+
+    def test_object_beyond_48_bits_of_address(self):
+        # Only where the kernel maps memory that high (x86-64 with 5-level
+        # page tables, arm64 with 52-bit addresses) when asked to.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        page = libc.mmap(1 << 50, mmap.PAGESIZE,
+                         mmap.PROT_READ | mmap.PROT_WRITE,
+                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if page in (None, ctypes.c_void_p(-1).value):
+            self.skipTest("mmap() failed")
+        if page < 1 << 48:
+            libc.munmap(ctypes.c_void_p(page), mmap.PAGESIZE)
+            self.skipTest("the kernel maps no memory beyond 2**48")
+        # A float, copied there, never freed (its page stays mapped).
+        model = 2.5
+        ctypes.memmove(page, id(model), sys.getsizeof(model))
+        ctypes.c_ssize_t.from_address(page).value = 1 << 40
+        far = ctypes.cast(page, ctypes.py_object).value
+        self.assertEqual(far, 2.5)
+        with self.assertRaisesRegex(OverflowError, "2\\*\\*48"):
+            snapshot([[far]])
         self.check_consistent()
 
     def test_snapshot_from_a_rule(self):

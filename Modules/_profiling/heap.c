@@ -56,17 +56,21 @@
 #define VIRTUAL_FLAG (1u << 31)
 #define TYPE_INDEX(word) ((word) & ~VIRTUAL_FLAG)
 
-/* 20 bytes: the address in two halves keeps the record 4-byte aligned;
-   a size that does not fit 32 bits is kept in `big_sizes`. */
+/* 16 bytes, as the records are most of a snapshot's memory.  The address
+   in two parts keeps the record 4-byte aligned: user-space addresses fit
+   48 bits (x86-64, and arm64 unless a program asks mmap() for more).  A
+   size of 64 KiB or more, which few objects have, is kept in
+   `big_sizes`. */
 typedef struct {
     uint32_t address_low;   /* the object's address; a virtual record's */
-    uint32_t address_high;  /* index in `virtuals` */
-    uint32_t size;
+    uint16_t address_high;  /* index in `virtuals` */
+    uint16_t size;
     uint32_t type;
     uint32_t first_edge;
 } Record;
 
-#define BIG_SIZE UINT32_MAX
+#define ADDRESS_BITS 48
+#define BIG_SIZE UINT16_MAX
 
 typedef struct {
     uint32_t record;
@@ -209,6 +213,7 @@ typedef struct {
     PyObject *op;
     PyObject *name;
 } Kid;
+#define KIDS_KEPT 4096
 
 typedef struct {
     PyObject *name;
@@ -239,8 +244,13 @@ typedef struct {
     PyObject **item_names;      /* borrowed */
     uint32_t nitems;
     uint32_t items_capacity;
-    /* The children of the object being processed, and what each is to it
-       (a str, borrowed; or NULL). */
+    /* Whether the children of the object being processed go straight to
+       its edges: all but an object with a __dict__, whose dict is looked
+       for among them (to fold it), and whose attributes are named once
+       they are all known. */
+    int direct;
+    /* Else its children, and what each is to it (a str, borrowed; or
+       NULL). */
     Kid *kids;
     uint32_t nkids;
     uint32_t kids_capacity;
@@ -263,9 +273,9 @@ grow(void **array, uint32_t *capacity, uint32_t used, size_t size)
     if (used < *capacity) {
         return 0;
     }
-    /* By half again: the slack of the big arrays counts in the scan's
-       memory. */
-    uint64_t wanted = *capacity ? (uint64_t)*capacity + *capacity / 2 : 256;
+    /* By a quarter: the slack of the big arrays counts in the scan's
+       memory, and a large block grows in place (mremap()). */
+    uint64_t wanted = *capacity ? (uint64_t)*capacity + *capacity / 4 : 256;
     if (wanted > UINT32_MAX || wanted * size > PY_SSIZE_T_MAX) {
         return -1;
     }
@@ -307,7 +317,7 @@ static int
 set_size(SnapshotObject *snap, uint32_t index, uint64_t size)
 {
     if (size < BIG_SIZE) {
-        snap->records[index].size = (uint32_t)size;
+        snap->records[index].size = (uint16_t)size;
         return 0;
     }
     assert(snap->nbig_sizes == 0
@@ -405,14 +415,15 @@ lookup_resize(SnapshotObject *snap, uint64_t slots)
     if (slots > UINT32_MAX) {
         return -1;
     }
-    int32_t *table = PyMem_RawCalloc((size_t)slots, sizeof(int32_t));
-    if (table == NULL) {
+    /* Rebuilt from the records: the old table goes first, so that the
+       two are never held at once. */
+    PyMem_RawFree(snap->lookup);
+    snap->lookup = PyMem_RawCalloc((size_t)slots, sizeof(int32_t));
+    snap->lookup_slots = snap->lookup != NULL ? (uint32_t)slots : 0;
+    snap->lookup_used = 0;
+    if (snap->lookup == NULL) {
         return -1;
     }
-    PyMem_RawFree(snap->lookup);
-    snap->lookup = table;
-    snap->lookup_slots = (uint32_t)slots;
-    snap->lookup_used = 0;
     for (uint32_t i = 0; i < snap->nrecords; i++) {
         if (!(snap->records[i].type & VIRTUAL_FLAG)) {
             lookup_add(snap, (int32_t)i, hash_of_entry(snap, (int32_t)i));
@@ -701,11 +712,19 @@ object_rule(Scan *scan, PyObject *op)
 
 /* Records and edges */
 
-/* A new record; its index, or -1 when out of memory. */
+/* A new record; its index, or -1 when out of memory (or with an
+   exception set). */
 static int32_t
 new_record(Scan *scan, uintptr_t address, uint32_t type)
 {
     SnapshotObject *snap = scan->snap;
+    if ((uint64_t)address >> ADDRESS_BITS != 0) {
+        PyErr_Format(PyExc_OverflowError,
+                     "the object at %p is beyond the first 2**%d bytes of "
+                     "the address space, which a snapshot can record",
+                     (void *)address, ADDRESS_BITS);
+        return -1;
+    }
     if (snap->nrecords >= MAX_RECORDS
         || grow((void **)&snap->records, &snap->records_capacity,
                 snap->nrecords, sizeof(Record)) < 0)
@@ -714,7 +733,7 @@ new_record(Scan *scan, uintptr_t address, uint32_t type)
     }
     snap->records[snap->nrecords] = (Record){
         .address_low = (uint32_t)address,
-        .address_high = (uint32_t)((uint64_t)address >> 32),
+        .address_high = (uint16_t)((uint64_t)address >> 32),
         .size = 0, .type = type, .first_edge = 0};
     return (int32_t)snap->nrecords++;
 }
@@ -887,6 +906,17 @@ static int
 collect_named(Scan *scan, PyObject *op, PyObject *name)
 {
     if (op == NULL) {
+        return 0;
+    }
+    if (scan->direct) {
+        /* Adding a record runs no Python code: the container (mid
+           tp_traverse) cannot change. */
+        if (add_child(scan, op) < 0
+            || (name != NULL && name_edge(scan, name) < 0))
+        {
+            scan->failed = 1;
+            return -1;
+        }
         return 0;
     }
     if (grow((void **)&scan->kids, &scan->kids_capacity, scan->nkids,
@@ -1192,7 +1222,9 @@ collect_from_rule(Scan *scan, PyObject *children, PyObject *op,
     PyObject **items = PySequence_Fast_ITEMS(*keep);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (collect_kid(items[i], scan) < 0) {
-            PyErr_NoMemory();
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
             return -1;
         }
     }
@@ -1277,12 +1309,26 @@ process_virtual_object(Scan *scan, int32_t index, PyObject *op,
     }
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(*keep); i++) {
         if (collect_kid(PySequence_Fast_ITEMS(*keep)[i], scan) < 0) {
-            PyErr_NoMemory();
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
             return -1;
         }
     }
     scan->snap->records[index].type = (uint32_t)type;
     return set_size(scan->snap, (uint32_t)index, (uint64_t)size);
+}
+
+/* The children of a large container, once added: their array does not
+   stay at that size while the records grow. */
+static void
+release_kids(Scan *scan)
+{
+    if (scan->kids_capacity > KIDS_KEPT) {
+        PyMem_RawFree(scan->kids);
+        scan->kids = NULL;
+        scan->kids_capacity = 0;
+    }
 }
 
 static int
@@ -1291,6 +1337,8 @@ process_object(Scan *scan, int32_t index, PyObject *op)
     PyObject *keep = NULL;
     int64_t size = 0;
     scan->nkids = 0;
+    scan->direct = (Py_TYPE(op)->tp_dictoffset == 0
+                    && !(Py_TYPE(op)->tp_flags & Py_TPFLAGS_MANAGED_DICT));
     if (scan->virtual_type != NULL && Py_IS_TYPE(op, scan->virtual_type)) {
         if (process_virtual_object(scan, index, op, &keep) < 0) {
             goto error;
@@ -1347,7 +1395,9 @@ process_object(Scan *scan, int32_t index, PyObject *op)
     }
 add_kids:
     if (scan->failed) {
-        PyErr_NoMemory();
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
         goto error;
     }
     for (uint32_t i = 0; i < scan->nkids; i++) {
@@ -1362,9 +1412,11 @@ add_kids:
         }
     }
     Py_XDECREF(keep);
+    release_kids(scan);
     return 0;
 error:
     Py_XDECREF(keep);
+    release_kids(scan);
     return -1;
 }
 
@@ -1709,7 +1761,7 @@ assign_ids(SnapshotObject *snap, SnapshotObject *previous)
 }
 
 /* Sizes the arrays for a heap like the one `previous` saw, with a
-   sixteenth more: a scan that grows them by half again holds a quarter
+   sixteenth more: a scan that grows them by a quarter holds an eighth
    more than it needs on average, and the arrays are most of its
    memory. */
 static int
