@@ -14,6 +14,7 @@ import sysconfig
 import threading
 import time
 import unittest
+import warnings
 import weakref
 from test.support import import_helper, script_helper
 
@@ -615,6 +616,11 @@ class MemtrackTests(unittest.TestCase):
         # A tuple's items wait on the unpickler's stack, which keeps its
         # size.
         self.check_owned(lambda: unpickled(wide), "Pdata", n * POINTER)
+        # Protocol 0 reads lines; the unpickler keeps a copy of the last
+        # (here a str's, its UNICODE opcode, before STOP).
+        long_line = b"V" + b"x" * 100_000 + b"\n."
+        self.check_owned(lambda: unpickled(long_line), "Unpickler",
+                         100_000)
 
     def test_utf8_copies_count_under_str(self):
         api.PyUnicode_AsUTF8.restype = ctypes.c_void_p
@@ -626,6 +632,47 @@ class MemtrackTests(unittest.TestCase):
         n = 100_000
         # The text's own n bytes, and its UTF-8 copy's 2n.
         self.check_owned(lambda: with_utf8("\xe9" * n), "str", 3 * n)
+
+    def test_wchar_copies_count_under_str(self):
+        api.PyUnicode_AsUnicodeAndSize.restype = ctypes.c_void_p
+        api.PyUnicode_AsUnicodeAndSize.argtypes = [ctypes.py_object,
+                                                   ctypes.c_void_p]
+
+        def with_wstr(text):
+            # Deprecated, but it still keeps a wchar_t copy with the str.
+            api.PyUnicode_AsUnicodeAndSize(text, None)
+            return text
+        n = 100_000
+        wchar = ctypes.sizeof(ctypes.c_wchar)
+        # (Other strings may come and go meanwhile: bounds with a margin.)
+        self.check_owned(lambda: with_wstr("\xe9" * n), "str", n * wchar)
+        # A legacy string, made empty and filled through its wchar_t
+        # copy; then made ready, its characters apart from it.
+        api.PyUnicode_FromUnicode.restype = ctypes.py_object
+        api.PyUnicode_FromUnicode.argtypes = [ctypes.c_void_p,
+                                              ctypes.c_ssize_t]
+        api.PyUnicode_AsUnicode.restype = ctypes.c_void_p
+        api.PyUnicode_AsUnicode.argtypes = [ctypes.py_object]
+        wide = ctypes.create_unicode_buffer("\xe9" * n)
+
+        def legacy(ready):
+            # Not warned: the warning would load this file's lines.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                text = api.PyUnicode_FromUnicode(None, n)
+            ctypes.memmove(api.PyUnicode_AsUnicode(text), wide, n * wchar)
+            if ready:
+                self.assertEqual(text, "\xe9" * n)
+            return text
+        self.check_owned(lambda: legacy(False), "str", n * (wchar - 1))
+        self.check_owned(lambda: legacy(True), "str", n * 9 // 10)
+
+    def test_str_subclass_characters_count_under_str(self):
+        class Name(str):
+            pass
+        n = 100_000
+        # A subclass's instance keeps its characters apart.
+        self.check_owned(lambda: Name("x" * n), "str", n)
 
     def test_class_docstrings_count_under_type(self):
         doc = "x" * 100_000
