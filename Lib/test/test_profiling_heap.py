@@ -504,6 +504,15 @@ class ObjectTests(unittest.TestCase):
         finally:
             api.Py_DecRef(marker)
 
+    def test_snapshot_does_not_record_its_own_lists(self):
+        snap = snapshot()
+        # Its list of type names, which starts with its first record's.
+        own = [o for o in gc.get_objects()
+               if type(o) is list and o[:1] == ["(roots)"]]
+        self.assertTrue(own)
+        for names in own:
+            self.assertEqual(snap._data.find(id(names)), -1)
+
     def test_garbage_is_counted_not_recorded(self):
         gc.collect()
         gc.disable()

@@ -1660,7 +1660,10 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
     Unreached u = {0};
     int err = -1;
     FOR_EACH_TRACKED(interp, op) {
-        if (find_record(snap, (uintptr_t)op) >= 0) {
+        /* The snapshot's own lists are not the program's. */
+        if (op == snap->type_names || op == snap->edge_names
+            || find_record(snap, (uintptr_t)op) >= 0)
+        {
             continue;
         }
         if (grow((void **)&u.objects, &u.capacity, u.count,
