@@ -966,14 +966,14 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
     return res;
 }
 
-/* The type of the object in a block in a pool that is neither marked as
-   data nor freed; NULL if there is none after all (see
-   _Py_memtrack_types).  The object starts after what its type puts before
-   an object (the GC header, the managed dict), and before that the block
-   holds no type: those words are the GC header's link to the previous
-   object (with flag bits) and the managed dict's pointers. */
-static PyTypeObject *
-pooled_object_type(uintptr_t block, size_t size)
+/* The object in a block in a pool that is neither marked as data nor
+   freed; NULL if there is none after all (see _Py_memtrack_types).  The
+   object starts after what its type puts before an object (the GC header,
+   the managed dict), and before that the block holds no type: those words
+   are the GC header's link to the previous object (with flag bits) and
+   the managed dict's pointers. */
+static PyObject *
+pooled_object(uintptr_t block, size_t size)
 {
     /* The block starts before what the domain handed out by the pad. */
     block += _Py_memtrack.hooks_pad;
@@ -982,18 +982,18 @@ pooled_object_type(uintptr_t block, size_t size)
     for (size_t pre = 0; pre <= most && pre + sizeof(PyObject) <= room;
          pre += 2 * sizeof(PyObject *))
     {
-        PyTypeObject *type = Py_TYPE((PyObject *)(block + pre));
-        if (_PyMemTrack_TallyOf(type) != NULL
-            && _PyType_PreHeaderSize(type) == pre)
+        PyObject *op = (PyObject *)(block + pre);
+        if (_PyMemTrack_TallyOf(Py_TYPE(op)) != NULL
+            && _PyType_PreHeaderSize(Py_TYPE(op)) == pre)
         {
-            return type;
+            return op;
         }
     }
     return NULL;
 }
 
-/* The type of the object in an allocated pooled block; NULL for none. */
-static PyTypeObject *
+/* The object in an allocated pooled block; NULL for none. */
+static PyObject *
 object_in_block(uintptr_t block, size_t size)
 {
     if (_PyMemTrack_IsData(block)
@@ -1001,7 +1001,7 @@ object_in_block(uintptr_t block, size_t size)
     {
         return NULL;
     }
-    return pooled_object_type(block, size);
+    return pooled_object(block, size);
 }
 
 /* What the walk found in a pool when it last looked: how many objects of
@@ -1063,9 +1063,9 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
     }
     memo->length = 0;
     for (uintptr_t b = first; b < end; b += size) {
-        PyTypeObject *type = object_in_block(b, size);
-        if (type != NULL) {
-            pool_memo *grown = memo_add(memo, type);
+        PyObject *op = object_in_block(b, size);
+        if (op != NULL) {
+            pool_memo *grown = memo_add(memo, Py_TYPE(op));
             if (grown == NULL) {
                 PyObject_RAW_FREE(memo);
                 return NULL;
@@ -1128,9 +1128,9 @@ count_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
         /* Without memory: count them one by one, and look again next
            time. */
         for (uintptr_t b = first; b < end; b += size) {
-            PyTypeObject *type = object_in_block(b, size);
-            if (type != NULL) {
-                count_objects_as(type, 1, size);
+            PyObject *op = object_in_block(b, size);
+            if (op != NULL) {
+                count_objects_as(Py_TYPE(op), 1, size);
             }
         }
         return;
@@ -1199,6 +1199,39 @@ count_objects(void)
         }
     }
     return pooled + large_blocks;
+}
+
+typedef struct {
+    int (*visit)(PyObject *, void *);
+    void *arg;
+    int stop;
+} object_visit;
+
+static void
+visit_pool_objects(size_t Py_UNUSED(number), uintptr_t first, uintptr_t end,
+                   size_t size, uint8_t *Py_UNUSED(changed), void *arg)
+{
+    object_visit *v = arg;
+    for (uintptr_t b = first; b < end && !v->stop; b += size) {
+        PyObject *op = object_in_block(b, size);
+        if (op != NULL) {
+            v->stop = v->visit(op, v->arg);
+        }
+    }
+}
+
+int
+_PyMemTrack_VisitObjects(int (*visit)(PyObject *op, void *arg), void *arg)
+{
+    object_visit v = {visit, arg, 0};
+    (void)_PyMemTrack_VisitPools(visit_pool_objects, &v);
+    for (size_t i = 0; !v.stop && large_count > 0 && i <= large_mask; i++) {
+        PyObject *op = large_table[i].op;
+        if (op != NULL) {
+            v.stop = visit(op, arg);
+        }
+    }
+    return v.stop;
 }
 
 static PyObject *

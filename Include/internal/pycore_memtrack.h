@@ -472,6 +472,14 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
                             PyObject_Free);
 }
 
+/* For the heap scanner: call visit on each object made in a block of the
+   mem or object domain (not one made in static memory, or in memory of
+   its own), with the GIL held, until it returns nonzero; its last return.
+   visit may allocate only from the raw domain, and must free no object:
+   the pools and the table of large blocks are read as it goes. */
+PyAPI_FUNC(int) _PyMemTrack_VisitObjects(
+    int (*visit)(PyObject *op, void *arg), void *arg);
+
 /* sys.total_memory_used(), for the profilers too. */
 PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);
 

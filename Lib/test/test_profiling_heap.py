@@ -327,20 +327,76 @@ class BadInputTests(unittest.TestCase):
         self.check_consistent()
 
     def test_snapshot_from_a_gc_callback(self):
-        errors = []
+        # Before and after the collection proper, the heap is whole.
+        taken = []
 
         def callback(phase, info):
-            try:
-                snapshot()
-            except RuntimeError as e:
-                errors.append(e)
+            taken.append((phase, snapshot()))
 
+        garbage = Base()
+        garbage.cycle = garbage
+        del garbage
         gc.callbacks.append(callback)
         try:
             gc.collect()
         finally:
             gc.callbacks.remove(callback)
-        self.assertEqual(len(errors), 2)    # at start and at stop
+        self.assertEqual([phase for phase, _ in taken], ["start", "stop"])
+        start, stop = (snap for _, snap in taken)
+        self.assertGreater(start.info()["unreachable_objects"],
+                           stop.info()["unreachable_objects"])
+        self.check_consistent()
+
+    def test_snapshot_from_a_collected_finalizer(self):
+        errors = []
+
+        class Finalized:
+            def __del__(self):
+                try:
+                    snapshot()
+                except RuntimeError as e:
+                    errors.append(e)
+
+        garbage = Finalized()
+        garbage.cycle = garbage
+        del garbage
+        gc.collect()
+        self.assertEqual(len(errors), 1)
+        self.check_consistent()
+
+    def test_snapshot_waits_for_another_threads_collection(self):
+        # The collecting thread's finalizer lets the taker run; the taker
+        # waits, so the finalizer's wait always times out.
+        in_finalizer = threading.Event()
+        taken = threading.Event()
+        results = []
+
+        class Finalized:
+            def __del__(self):
+                in_finalizer.set()
+                results.append(taken.wait(0.5))
+
+        def collect():
+            garbage = Finalized()
+            garbage.cycle = garbage
+            del garbage
+            gc.collect()
+
+        def take():
+            try:
+                results.append(len(snapshot()) > 0)
+            except RuntimeError as e:
+                results.append(e)
+            taken.set()
+
+        collector = threading.Thread(target=collect)
+        collector.start()
+        in_finalizer.wait()
+        taker = threading.Thread(target=take)
+        taker.start()
+        collector.join()
+        taker.join()
+        self.assertEqual(results, [False, True])
         self.check_consistent()
 
     def test_bad_arguments(self):
@@ -503,6 +559,32 @@ class ObjectTests(unittest.TestCase):
             self.assertGreaterEqual(snap.info()["held_from_c"], 1)
         finally:
             api.Py_DecRef(marker)
+
+    @unittest.skipUnless(hasattr(sys, "total_memory_used"),
+                         "needs --with-memory-tracking to find objects "
+                         "the collector does not track")
+    def test_held_from_c_untracked(self):
+        api = ctypes.PyDLL(None)
+        api.Py_IncRef.argtypes = [ctypes.py_object]
+        api.Py_DecRef.argtypes = [ctypes.c_void_p]
+        text = "a str held only from C " + str(id(self))
+        pair = (1.5, text)      # the collector untracks it: atomic items
+        held = {"key": 10 ** 30}
+        markers = [id(text), id(pair), id(held)]
+        for obj in (text, pair, held):
+            api.Py_IncRef(obj)
+        del text, pair, held, obj
+        gc.collect()
+        try:
+            snap = snapshot()
+            for marker in markers:
+                index = snap._data.find(marker)
+                self.assertGreater(index, 0)
+                path = [snap.node(i) for i in snap._data.path(index)]
+                self.assertEqual(path[1].type, "(held from C)")
+        finally:
+            for marker in markers:
+                api.Py_DecRef(marker)
 
     def test_snapshot_does_not_record_its_own_lists(self):
         snap = snapshot()

@@ -44,6 +44,7 @@
 #include "pycore_interp.h"        // PyInterpreterState.gc
 #include "pycore_memtrack.h"      // _PyMem_ReservedSize()
 #include "pycore_object.h"        // _PyType_PreHeaderSize()
+#include "pycore_obmalloc_pool.h" // _PyObmalloc_GRANULE_SHIFT
 #include "pycore_pystate.h"       // _PyThreadState_GET()
 #include "table.h"
 
@@ -1608,13 +1609,134 @@ walk(Scan *scan, uint32_t from)
              g_ = _PyGCHead_NEXT(g_)) \
             for (PyObject *op = FROM_GC(g_); op != NULL; op = NULL)
 
+/* The objects recorded, as a bit for each grain of memory an object can
+   start at, by 1 MiB region: the search for objects not reached asks it
+   of most objects, which are in few regions.  Open addressing with
+   linear probing, at most half full. */
+#define REGION_SHIFT 20
+#define REGION_BITS ((size_t)1 << (REGION_SHIFT - _PyObmalloc_GRANULE_SHIFT))
+
+typedef struct {
+    uintptr_t region;               /* address >> REGION_SHIFT */
+    uint64_t *bits;                 /* NULL for an empty slot */
+} Region;
+
+typedef struct {
+    Region *slots;
+    size_t mask;
+    size_t used;
+} RecordedSet;
+
+static size_t
+region_slot(const RecordedSet *set, uintptr_t region)
+{
+    size_t i = (size_t)(table_hash((void *)(region << REGION_SHIFT), 0))
+               & set->mask;
+    while (set->slots[i].bits != NULL && set->slots[i].region != region) {
+        i = (i + 1) & set->mask;
+    }
+    return i;
+}
+
+static int
+recorded_set_grow(RecordedSet *set)
+{
+    RecordedSet bigger = {.mask = set->slots ? 2 * set->mask + 1 : 63};
+    bigger.slots = PyMem_RawCalloc(bigger.mask + 1, sizeof(Region));
+    if (bigger.slots == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; set->slots != NULL && i <= set->mask; i++) {
+        if (set->slots[i].bits != NULL) {
+            bigger.slots[region_slot(&bigger, set->slots[i].region)] =
+                set->slots[i];
+        }
+    }
+    bigger.used = set->used;
+    PyMem_RawFree(set->slots);
+    *set = bigger;
+    return 0;
+}
+
+static int
+recorded_set_add(RecordedSet *set, uintptr_t address)
+{
+    uintptr_t region = address >> REGION_SHIFT;
+    if (2 * (set->used + 1) > set->mask + 1 && recorded_set_grow(set) < 0) {
+        return -1;
+    }
+    Region *r = &set->slots[region_slot(set, region)];
+    if (r->bits == NULL) {
+        r->bits = PyMem_RawCalloc(REGION_BITS / 64, sizeof(uint64_t));
+        if (r->bits == NULL) {
+            return -1;
+        }
+        r->region = region;
+        set->used++;
+    }
+    size_t bit = (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
+                 >> _PyObmalloc_GRANULE_SHIFT;
+    r->bits[bit / 64] |= (uint64_t)1 << (bit % 64);
+    return 0;
+}
+
+static int
+recorded_set_has(const RecordedSet *set, uintptr_t address)
+{
+    const Region *r = &set->slots[region_slot(set,
+                                              address >> REGION_SHIFT)];
+    size_t bit = (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
+                 >> _PyObmalloc_GRANULE_SHIFT;
+    return r->bits != NULL && (r->bits[bit / 64] >> (bit % 64)) & 1;
+}
+
+static void
+recorded_set_clear(RecordedSet *set)
+{
+    for (size_t i = 0; set->slots != NULL && i <= set->mask; i++) {
+        PyMem_RawFree(set->slots[i].bits);
+    }
+    PyMem_RawFree(set->slots);
+    *set = (RecordedSet){0};
+}
+
+/* The objects recorded and folded so far, a set; -1 when out of memory.
+   An object found where objects are made (an allocator's block) starts
+   on a grain, and no two share one. */
+static int
+recorded_set_fill(RecordedSet *set, SnapshotObject *snap)
+{
+    if (recorded_set_grow(set) < 0) {
+        return -1;
+    }
+    for (uint32_t i = 0; i < snap->nrecords; i++) {
+        if (!(snap->records[i].type & VIRTUAL_FLAG)
+            && recorded_set_add(set, record_address(&snap->records[i])) < 0)
+        {
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < snap->naliases; i++) {
+        if (recorded_set_add(set, snap->aliases[i].address) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject **objects;
     uint32_t *refs;
     uint64_t *sizes;
+    /* The scan's own objects, and what only they hold: neither held
+       from C nor garbage.  Those to look into, while marking them. */
+    uint8_t *own;
+    int32_t *own_stack;
+    uint32_t own_depth;
     uint32_t count;
     uint32_t capacity;
     IndexTable table;
+    RecordedSet recorded;
 } Unreached;
 
 static uint32_t
@@ -1629,23 +1751,136 @@ unreached_matches(void *owner, int32_t index, const void *key)
     return ((Unreached *)owner)->objects[index] == key;
 }
 
+static int32_t
+unreached_index(Unreached *u, PyObject *op)
+{
+    return table_find(&u->table, table_hash(op, 0), u, op,
+                      unreached_matches);
+}
+
+/* Adds an object the walk did not reach, and holds it: C code may let go
+   of it meanwhile (the method cache that _PyType_Lookup() refills holds
+   names, say).  -1 when out of memory. */
+static int
+add_unreached(Unreached *u, PyObject *op)
+{
+    if (grow((void **)&u->objects, &u->capacity, u->count,
+             sizeof(PyObject *)) < 0
+        || table_reserve(&u->table, 2, u, hash_of_unreached) < 0)
+    {
+        return -1;
+    }
+    u->objects[u->count] = Py_NewRef(op);
+    table_add(&u->table, table_hash(op, 0), (int32_t)u->count++);
+    return 0;
+}
+
+/* Adds op if the walk did not reach it; -1 when out of memory. */
+static int
+add_if_unreached(Unreached *u, PyObject *op)
+{
+    if (recorded_set_has(&u->recorded, (uintptr_t)op)) {
+        return 0;
+    }
+    return add_unreached(u, op);
+}
+
+#ifdef Py_TRACK_MEMORY
+/* An object in the allocator's blocks that the collector does not track,
+   and that the walk did not reach.  C code may be making it still (it
+   does not run Python code then, but the walk may, in a rule or a
+   __sizeof__), so only objects whole once made are taken: strings,
+   numbers, bytes, and the tuples and dicts the collector untracked.  One
+   with no reference is on a free list. */
+static int
+add_untracked(PyObject *op, void *arg)
+{
+    Unreached *u = arg;
+    PyTypeObject *type = Py_TYPE(op);
+    if (!(type == &PyUnicode_Type || type == &PyLong_Type
+          || type == &PyFloat_Type || type == &PyComplex_Type
+          || type == &PyBytes_Type
+          || ((type == &PyTuple_Type || type == &PyDict_Type)
+              && !_PyObject_GC_IS_TRACKED(op)))
+        || Py_REFCNT(op) == 0)
+    {
+        return 0;
+    }
+    return add_if_unreached(u, op);
+}
+#endif
+
 static int
 count_ref(PyObject *op, void *arg)
 {
     Unreached *u = arg;
-    int32_t index = table_find(&u->table, table_hash(op, 0), u, op,
-                               unreached_matches);
+    int32_t index = unreached_index(u, op);
     if (index >= 0) {
         u->refs[index]++;
     }
     return 0;
 }
 
+static int
+mark_own_child(PyObject *op, void *arg)
+{
+    Unreached *u = arg;
+    int32_t index = op != NULL ? unreached_index(u, op) : -1;
+    if (index >= 0 && !u->own[index]) {
+        /* Each is stacked once at most: the stack holds them all. */
+        u->own[index] = 1;
+        u->own_stack[u->own_depth++] = index;
+    }
+    return 0;
+}
+
+/* Marks op, if unreached, and what it holds that is unreached, without
+   recursion. */
+static void
+mark_own(Unreached *u, PyObject *op)
+{
+    (void)mark_own_child(op, u);
+    while (u->own_depth > 0) {
+        PyObject *next = u->objects[u->own_stack[--u->own_depth]];
+        if (_PyObject_IS_GC(next) && Py_TYPE(next)->tp_traverse != NULL) {
+            Py_TYPE(next)->tp_traverse(next, mark_own_child, u);
+        }
+    }
+}
+
+/* Marks the objects that the scan made or keeps for itself, which the
+   program does not hold. */
+static void
+mark_scan_objects(Scan *scan, Unreached *u)
+{
+    SnapshotObject *snap = scan->snap;
+    PyObject *own[] = {
+        snap->type_names, snap->edge_names,
+        scan->names_to_types, scan->edge_name_indexes,
+    };
+    for (size_t i = 0; i < Py_ARRAY_LENGTH(own); i++) {
+        mark_own(u, own[i]);
+    }
+    for (int i = 0; i < NAMES; i++) {
+        mark_own(u, names[i]);
+    }
+    for (uint32_t i = 0; i < scan->ntypes; i++) {
+        if (!PyType_Check(scan->types[i].key)) {
+            mark_own(u, scan->types[i].key);
+        }
+        mark_own(u, scan->types[i].rule);
+    }
+    for (Py_ssize_t i = 0; i < scan->nobject_rules; i++) {
+        mark_own(u, scan->object_rules[i].rule);
+    }
+}
+
 /* Makes "(held from C)" and walks on from the objects under it: those
-   the collector tracks that the walk did not reach, and whose reference
-   counts the references among them (and from the objects whose children
-   rules gave) do not explain.  Then counts what is still not reached:
-   garbage, and what rules hid. */
+   that the walk did not reach, and whose reference counts the references
+   among them (and from the objects whose children rules gave) do not
+   explain.  They are those the collector tracks; on a tracking build,
+   also the others the allocator's blocks hold.  Then counts what is
+   still not reached: garbage, and what rules hid. */
 static int
 walk_held_from_c(Scan *scan, uint32_t held_edge)
 {
@@ -1659,28 +1894,31 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
     snap->edges[held_edge] = held;
     Unreached u = {0};
     int err = -1;
-    FOR_EACH_TRACKED(interp, op) {
-        /* The snapshot's own lists are not the program's. */
-        if (op == snap->type_names || op == snap->edge_names
-            || find_record(snap, (uintptr_t)op) >= 0)
-        {
-            continue;
-        }
-        if (grow((void **)&u.objects, &u.capacity, u.count,
-                 sizeof(PyObject *)) < 0
-            || table_reserve(&u.table, 2, &u, hash_of_unreached) < 0)
-        {
-            PyErr_NoMemory();
-            goto done;
-        }
-        u.objects[u.count] = op;
-        table_add(&u.table, table_hash(op, 0), (int32_t)u.count++);
-    }
-    u.refs = PyMem_RawCalloc(u.count + 1, sizeof(uint32_t));
-    if (u.refs == NULL) {
+    if (recorded_set_fill(&u.recorded, snap) < 0) {
         PyErr_NoMemory();
         goto done;
     }
+    FOR_EACH_TRACKED(interp, op) {
+        if (add_if_unreached(&u, op) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+#ifdef Py_TRACK_MEMORY
+    if (_PyMemTrack_VisitObjects(add_untracked, &u) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+#endif
+    recorded_set_clear(&u.recorded);
+    u.refs = PyMem_RawCalloc(u.count + 1, sizeof(uint32_t));
+    u.own = PyMem_RawCalloc(u.count + 1, sizeof(uint8_t));
+    u.own_stack = PyMem_RawMalloc((u.count + 1) * sizeof(int32_t));
+    if (u.refs == NULL || u.own == NULL || u.own_stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    mark_scan_objects(scan, &u);
     for (uint32_t i = 0; i < u.count + scan->nruled; i++) {
         PyObject *op = i < u.count
             ? u.objects[i]
@@ -1691,8 +1929,7 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
         }
     }
     /* Their sizes now, without running Python code: the walk may run
-       rules, and then other threads, and those may free garbage (by
-       gc.collect()), which is not held. */
+       rules, and then other threads, and those may change them. */
     u.sizes = PyMem_RawMalloc((u.count + 1) * sizeof(uint64_t));
     if (u.sizes == NULL) {
         PyErr_NoMemory();
@@ -1707,7 +1944,10 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
                      : (uint64_t)default_size(op, sizer);
     }
     for (uint32_t i = 0; i < u.count; i++) {
-        if ((uint64_t)Py_REFCNT(u.objects[i]) > u.refs[i]) {
+        /* Less the reference this holds. */
+        if (!u.own[i]
+            && (uint64_t)Py_REFCNT(u.objects[i]) - 1 > u.refs[i])
+        {
             if (add_item(scan, held, (Item)u.objects[i]) < 0) {
                 PyErr_NoMemory();
                 goto done;
@@ -1719,18 +1959,24 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
         goto done;
     }
     for (uint32_t i = 0; i < u.count; i++) {
-        /* By address only: the object may be gone. */
-        if (find_record(snap, (uintptr_t)u.objects[i]) < 0) {
+        if (!u.own[i] && find_record(snap, (uintptr_t)u.objects[i]) < 0) {
             snap->unreachable_objects++;
             snap->unreachable_bytes += u.sizes[i];
         }
     }
     err = 0;
 done:
+    /* What C code let go of meanwhile goes now. */
+    for (uint32_t i = 0; i < u.count; i++) {
+        Py_DECREF(u.objects[i]);
+    }
     PyMem_RawFree(u.objects);
     PyMem_RawFree(u.refs);
     PyMem_RawFree(u.sizes);
+    PyMem_RawFree(u.own);
+    PyMem_RawFree(u.own_stack);
     table_clear(&u.table);
+    recorded_set_clear(&u.recorded);
     return err;
 }
 
@@ -2839,6 +3085,21 @@ static PyType_Spec snapshot_spec = {
 
 /* The module */
 
+/* Wait, with the GIL released, while another thread is inside a
+   collection: a finalizer it runs can let this thread go on, and the
+   collector's lists are half sorted until it ends. */
+static void
+wait_for_collector(PyThreadState *tstate)
+{
+    while (tstate->interp->gc.collector != NULL) {
+        assert(tstate->interp->gc.collector != tstate);
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec pause = {.tv_nsec = 100000};
+        nanosleep(&pause, NULL);
+        Py_END_ALLOW_THREADS
+    }
+}
+
 /*[clinic input]
 _heap.scan
 
@@ -2897,11 +3158,10 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
         Py_DECREF(snapshot_type);
         return NULL;
     }
-    PyInterpreterState *interp = tstate->interp;
-    if (interp->gc.collecting) {
+    if (tstate->interp->gc.collector == tstate) {
         PyErr_SetString(PyExc_RuntimeError,
-                        "cannot scan the heap while the garbage collector "
-                        "runs");
+                        "a finalizer that the garbage collector runs cannot "
+                        "take a snapshot");
         Py_DECREF(snapshot_type);
         return NULL;
     }
@@ -2937,6 +3197,7 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
     scan.edge_name_indexes = PyDict_New();
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    wait_for_collector(tstate);
     scanning = tstate;
     int gc_was_enabled = PyGC_Disable();
     uint32_t held_edge = 0;
