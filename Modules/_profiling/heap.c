@@ -1611,92 +1611,93 @@ walk(Scan *scan, uint32_t from)
 
 /* The objects recorded, as a bit for each grain of memory an object can
    start at, by 1 MiB region: the search for objects not reached asks it
-   of most objects, which are in few regions.  Open addressing with
-   linear probing, at most half full. */
+   of most objects, which are in few regions. */
 #define REGION_SHIFT 20
 #define REGION_BITS ((size_t)1 << (REGION_SHIFT - _PyObmalloc_GRANULE_SHIFT))
 
 typedef struct {
     uintptr_t region;               /* address >> REGION_SHIFT */
-    uint64_t *bits;                 /* NULL for an empty slot */
+    uint64_t *bits;
 } Region;
 
 typedef struct {
-    Region *slots;
-    size_t mask;
-    size_t used;
+    Region *regions;
+    uint32_t count;
+    uint32_t capacity;
+    IndexTable table;               /* of regions, by region */
 } RecordedSet;
 
-static size_t
-region_slot(const RecordedSet *set, uintptr_t region)
+static uint32_t
+region_hash(uintptr_t region)
 {
-    size_t i = (size_t)(table_hash((void *)(region << REGION_SHIFT), 0))
-               & set->mask;
-    while (set->slots[i].bits != NULL && set->slots[i].region != region) {
-        i = (i + 1) & set->mask;
-    }
-    return i;
+    return table_hash((void *)(region << REGION_SHIFT), 0);
+}
+
+static uint32_t
+hash_of_region(void *owner, int32_t index)
+{
+    return region_hash(((RecordedSet *)owner)->regions[index].region);
 }
 
 static int
-recorded_set_grow(RecordedSet *set)
+region_matches(void *owner, int32_t index, const void *key)
 {
-    RecordedSet bigger = {.mask = set->slots ? 2 * set->mask + 1 : 63};
-    bigger.slots = PyMem_RawCalloc(bigger.mask + 1, sizeof(Region));
-    if (bigger.slots == NULL) {
-        return -1;
-    }
-    for (size_t i = 0; set->slots != NULL && i <= set->mask; i++) {
-        if (set->slots[i].bits != NULL) {
-            bigger.slots[region_slot(&bigger, set->slots[i].region)] =
-                set->slots[i];
-        }
-    }
-    bigger.used = set->used;
-    PyMem_RawFree(set->slots);
-    *set = bigger;
-    return 0;
+    return ((RecordedSet *)owner)->regions[index].region == (uintptr_t)key;
+}
+
+/* The bit of `address` in its region's bitmap. */
+static size_t
+region_bit(uintptr_t address)
+{
+    return (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
+           >> _PyObmalloc_GRANULE_SHIFT;
 }
 
 static int
 recorded_set_add(RecordedSet *set, uintptr_t address)
 {
     uintptr_t region = address >> REGION_SHIFT;
-    if (2 * (set->used + 1) > set->mask + 1 && recorded_set_grow(set) < 0) {
-        return -1;
-    }
-    Region *r = &set->slots[region_slot(set, region)];
-    if (r->bits == NULL) {
-        r->bits = PyMem_RawCalloc(REGION_BITS / 64, sizeof(uint64_t));
-        if (r->bits == NULL) {
+    uint32_t hash = region_hash(region);
+    int32_t index = table_find(&set->table, hash, set, (const void *)region,
+                               region_matches);
+    if (index < 0) {
+        uint64_t *bits = PyMem_RawCalloc(REGION_BITS / 64, sizeof(uint64_t));
+        if (bits == NULL
+            || grow((void **)&set->regions, &set->capacity, set->count,
+                    sizeof(Region)) < 0
+            || table_reserve(&set->table, 2, set, hash_of_region) < 0)
+        {
+            PyMem_RawFree(bits);
             return -1;
         }
-        r->region = region;
-        set->used++;
+        index = (int32_t)set->count++;
+        set->regions[index] = (Region){region, bits};
+        table_add(&set->table, hash, index);
     }
-    size_t bit = (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
-                 >> _PyObmalloc_GRANULE_SHIFT;
-    r->bits[bit / 64] |= (uint64_t)1 << (bit % 64);
+    size_t bit = region_bit(address);
+    set->regions[index].bits[bit / 64] |= (uint64_t)1 << (bit % 64);
     return 0;
 }
 
 static int
-recorded_set_has(const RecordedSet *set, uintptr_t address)
+recorded_set_has(RecordedSet *set, uintptr_t address)
 {
-    const Region *r = &set->slots[region_slot(set,
-                                              address >> REGION_SHIFT)];
-    size_t bit = (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
-                 >> _PyObmalloc_GRANULE_SHIFT;
-    return r->bits != NULL && (r->bits[bit / 64] >> (bit % 64)) & 1;
+    uintptr_t region = address >> REGION_SHIFT;
+    int32_t index = table_find(&set->table, region_hash(region), set,
+                               (const void *)region, region_matches);
+    size_t bit = region_bit(address);
+    return index >= 0
+           && (set->regions[index].bits[bit / 64] >> (bit % 64)) & 1;
 }
 
 static void
 recorded_set_clear(RecordedSet *set)
 {
-    for (size_t i = 0; set->slots != NULL && i <= set->mask; i++) {
-        PyMem_RawFree(set->slots[i].bits);
+    for (uint32_t i = 0; i < set->count; i++) {
+        PyMem_RawFree(set->regions[i].bits);
     }
-    PyMem_RawFree(set->slots);
+    PyMem_RawFree(set->regions);
+    table_clear(&set->table);
     *set = (RecordedSet){0};
 }
 
@@ -1706,9 +1707,6 @@ recorded_set_clear(RecordedSet *set)
 static int
 recorded_set_fill(RecordedSet *set, SnapshotObject *snap)
 {
-    if (recorded_set_grow(set) < 0) {
-        return -1;
-    }
     for (uint32_t i = 0; i < snap->nrecords; i++) {
         if (!(snap->records[i].type & VIRTUAL_FLAG)
             && recorded_set_add(set, record_address(&snap->records[i])) < 0)
