@@ -622,6 +622,53 @@ class MemtrackTests(unittest.TestCase):
         self.check_owned(lambda: unpickled(long_line), "Unpickler",
                          100_000)
 
+    def test_re_matching_space_counts_under_pattern(self):
+        re = import_helper.import_module("re")
+        # Each pass through the group leaves a context on the matcher's
+        # stack, which a scanner keeps after its match, with its marks.
+        pattern = re.compile(r"(?:(ab)|cd)*e")
+        text = "ab" * 50_000 + "e"
+
+        def matched():
+            scanner = pattern.scanner(text)
+            self.assertIsNotNone(scanner.search())
+            return scanner
+        self.check_owned(matched, "Pattern", 50_000 * POINTER)
+
+    def test_join_arrays_count_under_bytes_and_bytearray(self):
+        # A join of many parts keeps an array of their buffers (a Py_buffer
+        # each, ten words here) while it copies them, and copies a large
+        # result with the GIL released: another thread, reading then, sees
+        # the array with the result, not as anonymous memory.
+        parts = [b"x" * 64] * 200_000
+        array = len(parts) * 8 * POINTER
+        for sep, name in (b"", "bytes"), (bytearray(), "bytearray"):
+            with self.subTest(name):
+                before = sys.type_memory_usage()
+                readings = []
+                done = threading.Event()
+
+                def read():
+                    while not done.is_set():
+                        usage = sys.type_memory_usage()
+                        readings.append((usage[name] - before[name],
+                                         usage[""] - before[""]))
+                reader = threading.Thread(target=read)
+                reader.start()
+                try:
+                    for _ in range(100):
+                        sep.join(parts)
+                        if any(owned >= array + 64 * len(parts)
+                               for owned, _ in readings):
+                            break
+                    else:
+                        self.fail(f"no reading saw the array under {name}")
+                finally:
+                    done.set()
+                    reader.join()
+                self.assertLess(max(anonymous for _, anonymous in readings),
+                                array // 20)
+
     def test_utf8_copies_count_under_str(self):
         api.PyUnicode_AsUTF8.restype = ctypes.c_void_p
         api.PyUnicode_AsUTF8.argtypes = [ctypes.py_object]
