@@ -280,7 +280,12 @@ def leak_hunt(python, tests, jobs, tally, where):
         tally.failures.append(f"debug-leaks: regrtest exit {proc.returncode}")
 
 
-IGNORE = [arg for name in KNOWN_HANGS for arg in ("--ignore", f"*.{name}.*")]
+def ignoring(patterns):
+    """regrtest's arguments that leave out the tests matching patterns."""
+    return [arg for pattern in patterns for arg in ("--ignore", pattern)]
+
+
+IGNORE = ignoring(f"*.{name}.*" for name in KNOWN_HANGS)
 
 
 def run_streaming(cmd, env=None):
@@ -404,10 +409,9 @@ def main():
         # Not test_viewers here, nor the tests that load our files into
         # the viewers: they test the harness and the viewers (Node.js and
         # Chromium), none of our C code, and take minutes repeated.
-        no_viewers = where + ["--ignore", "*.ViewerTests.*"]
+        no_viewers = where + ignoring(["*.ViewerTests.*"])
         leak_hunt(debug, sorted(set(mine) - {"test_viewers"}), ns.jobs,
-                  tally, no_viewers + [arg for test in CHILD_PROCESS_ONLY
-                                       for arg in ("--ignore", test)])
+                  tally, no_viewers + ignoring(CHILD_PROCESS_ONLY))
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
         # Nor test_sightglass_build: it tests the Python tool that makes
