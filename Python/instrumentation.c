@@ -1348,6 +1348,47 @@ _PyMonitoring_FireCallResult(PyThreadState *tstate, _PyInterpreterFrame *frame,
 }
 
 int
+_PyMonitoring_CallBuiltin(PyThreadState *tstate, _PyInterpreterFrame *frame,
+                          _Py_CODEUNIT *call, PyObject *callable,
+                          PyObject *const *args, size_t nargsf,
+                          PyObject *kwnames, PyObject **res)
+{
+    assert(_PyMonitoring_IsBuiltinCallable(callable));
+    assert(_Py_OPCODE(*call) == INSTRUMENTED_CALL);
+    PyCodeObject *code = frame->f_code;
+    int site = instr_index(frame, call);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf)
+                       + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *arg0 = nargs > 0 ? args[0] : MISSING;
+    if (deliver(tstate, code, site, EVENT(CALL),
+                site_tools(code, site, EVENT(CALL)), callable, arg0) < 0)
+    {
+        return -1;
+    }
+    /* The callback may have changed what watches the CALL: then CALL runs
+       on its own, as it would without this shortcut. */
+    if (_Py_OPCODE(*call) != INSTRUMENTED_CALL
+        || tstate->cframe->use_tracing)
+    {
+        return 0;
+    }
+    *res = _PyObject_VectorcallTstate(tstate, callable, args, nargsf,
+                                      kwnames);
+    uint8_t tools = site_tools(code, site, EVENT(CALL));
+    if (*res != NULL) {
+        if (deliver(tstate, code, site, EVENT(C_RETURN), tools, callable,
+                    arg0) < 0)
+        {
+            Py_CLEAR(*res);
+        }
+        return 1;
+    }
+    (void)deliver_during_exception(tstate, code, site, EVENT(C_RAISE), tools,
+                                   callable, arg0);
+    return 1;
+}
+
+int
 _PyMonitoring_FireException(PyThreadState *tstate, int event,
                             _PyInterpreterFrame *frame, _Py_CODEUNIT *instr)
 {

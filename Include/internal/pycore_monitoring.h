@@ -293,6 +293,16 @@ extern PyObject *_PyMonitoring_FireCallResult(
     PyThreadState *tstate, struct _PyInterpreterFrame *frame,
     _Py_CODEUNIT *instr, PyObject *callable, PyObject *arg0, PyObject *res);
 
+/* The call of a built-in at a PRECALL whose CALL, `call`, is watched, in
+   place of the two instructions: tells CALL, makes the call into *res and
+   tells its result.  Returns 1 then (*res NULL with an exception set when
+   the call or a callback raised), -1 when CALL's callback raised, and 0
+   when that callback changed what watches the CALL: CALL is to run. */
+extern int _PyMonitoring_CallBuiltin(
+    PyThreadState *tstate, struct _PyInterpreterFrame *frame,
+    _Py_CODEUNIT *call, PyObject *callable, PyObject *const *args,
+    size_t nargsf, PyObject *kwnames, PyObject **res);
+
 /* Events of the exception paths (PY_THROW, RAISE, RERAISE, PY_UNWIND),
    the exception set.  Return -1 when a callback raised, its exception
    replacing the one being propagated. */

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import dis
 import gc
+import io
 import marshal
 import sys
 import textwrap
@@ -441,6 +442,106 @@ class TestCallEvents(MonitoringTestBase, unittest.TestCase):
         caller()
         M.set_events(TOOL, 0)
         self.assertEqual([e[0] for e in self.events_in("caller")],
+                         ["CALL", "C_RETURN"])
+
+    def test_builtin_with_keywords(self):
+        # A built-in called with keywords at a watched site gets them.
+        def caller():
+            out = io.StringIO()
+            print("a", "b", sep="-", end="!", file=out)
+            return sorted([2, 3, 1], key=lambda x: -x, reverse=True), out
+        result = []
+        self.run_recorded(lambda: result.append(caller()),
+                          ["CALL", "C_RETURN"])
+        ordered, out = result[0]
+        self.assertEqual(ordered, [1, 2, 3])
+        self.assertEqual(out.getvalue(), "a-b!")
+        self.assertEqual([e[0:1] + e[3:] for e in self.events_in("caller")
+                          if e[3] in ("print", "sorted")], [
+            ("CALL", "print", "a"), ("C_RETURN", "print", "a"),
+            ("CALL", "sorted", [2, 3, 1]), ("C_RETURN", "sorted", [2, 3, 1]),
+        ])
+
+    def test_builtin_not_called_when_call_callback_raises(self):
+        # CALL's callback raising stops the call; C_RETURN's comes after it.
+        items = []
+        def caller():
+            items.append(1)
+        def fail(*args):
+            raise ZeroDivisionError("in callback")
+        for name, made in (("CALL", []), ("C_RETURN", [1])):
+            with self.subTest(event=name):
+                items.clear()
+                self.record(["CALL", "C_RETURN"], local_code=caller.__code__)
+                M.register_callback(TOOL, getattr(E, name), fail)
+                try:
+                    with self.assertRaisesRegex(ZeroDivisionError,
+                                                "in callback"):
+                        caller()
+                finally:
+                    M.set_local_events(TOOL, caller.__code__, 0)
+                self.assertEqual(items, made)
+
+    def test_python_calls_bind_arguments(self):
+        # At a watched site every Python call binds its parameters as it
+        # would unwatched: exactly filled, defaulted, keyword-only, starred,
+        # positional-only, captured by a closure.
+        def exact(a, b):
+            return a, b
+        def defaults(a, b=2):
+            return a, b
+        def kwonly(a, *, k=3):
+            return a, k
+        def starred(a, *rest, **kw):
+            return a, rest, kw
+        def posonly(a, /, b):
+            return a, b
+        def captured(a):
+            return (lambda: a)()
+        def caller():
+            return [exact(1, 2), defaults(1), defaults(1, 5), kwonly(1),
+                    kwonly(1, k=4), starred(1), starred(1, 2, x=3),
+                    posonly(1, b=2), posonly(1, 2), captured(7)]
+        expected = caller()
+        self.record(["CALL", "C_RETURN"])
+        try:
+            got = caller()
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertEqual(got, expected)
+        self.assertEqual(
+            [e[3] for e in self.events_in("caller") if e[0] == "CALL"],
+            ["exact", "defaults", "defaults", "kwonly", "kwonly", "starred",
+             "starred", "posonly", "posonly", "captured"])
+        with self.assertRaisesRegex(TypeError, "missing 1 required"):
+            self.run_recorded(exact, ["CALL"], 1)
+
+    def test_settrace_opcodes_at_watched_builtin_call(self):
+        # A trace function sees every opcode of a watched built-in's call.
+        def callee(x):
+            return len(x)
+        def traced():
+            seen = []
+            def tracer(frame, event, arg):
+                if frame.f_code is callee.__code__:
+                    frame.f_trace_opcodes = True
+                    seen.append((event, frame.f_lasti))
+                return tracer
+            sys.settrace(tracer)
+            try:
+                callee("ab")
+            finally:
+                sys.settrace(None)
+            return seen
+        expected = traced()
+        self.record(["CALL", "C_RETURN"])
+        try:
+            got = traced()
+        finally:
+            M.set_events(TOOL, 0)
+        self.assertIn(("opcode", offset_of(callee, "CALL")), expected)
+        self.assertEqual(got, expected)
+        self.assertEqual([e[0] for e in self.events_in("callee")],
                          ["CALL", "C_RETURN"])
 
     def test_call_function_ex(self):
