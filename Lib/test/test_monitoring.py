@@ -520,23 +520,10 @@ class TestCallEvents(MonitoringTestBase, unittest.TestCase):
         # A trace function sees every opcode of a watched built-in's call.
         def callee(x):
             return len(x)
-        def traced():
-            seen = []
-            def tracer(frame, event, arg):
-                if frame.f_code is callee.__code__:
-                    frame.f_trace_opcodes = True
-                    seen.append((event, frame.f_lasti))
-                return tracer
-            sys.settrace(tracer)
-            try:
-                callee("ab")
-            finally:
-                sys.settrace(None)
-            return seen
-        expected = traced()
+        expected = opcode_trace(callee, "ab")
         self.record(["CALL", "C_RETURN"])
         try:
-            got = traced()
+            got = opcode_trace(callee, "ab")
         finally:
             M.set_events(TOOL, 0)
         self.assertIn(("opcode", offset_of(callee, "CALL")), expected)
@@ -1488,21 +1475,36 @@ def lines_of(code, events, event="LINE"):
             if e[0] == event and e[1] == code.co_name]
 
 
-def settrace_lines(func, *args):
-    """The lines sys.settrace sees func run, relative to its def."""
+def settrace_events(func, *args, opcodes=False):
+    """What a trace function sees of func's frames while func(*args) runs:
+    (event, f_lasti, line relative to its def) for each event."""
     code = func.__code__
-    lines = []
+    seen = []
 
     def tracer(frame, event, arg):
-        if event == "line" and frame.f_code is code:
-            lines.append(frame.f_lineno - code.co_firstlineno)
+        if frame.f_code is code:
+            frame.f_trace_opcodes = opcodes
+            seen.append((event, frame.f_lasti,
+                         frame.f_lineno - code.co_firstlineno))
         return tracer
     sys.settrace(tracer)
     try:
         func(*args)
     finally:
         sys.settrace(None)
-    return lines
+    return seen
+
+
+def settrace_lines(func, *args):
+    """The lines sys.settrace sees func run, relative to its def."""
+    return [line for event, _, line in settrace_events(func, *args)
+            if event == "line"]
+
+
+def opcode_trace(func, *args):
+    """The events, with f_lasti, of a trace function that traces the
+    opcodes of func while func(*args) runs."""
+    return [event[:2] for event in settrace_events(func, *args, opcodes=True)]
 
 
 def loop(n):
@@ -1782,23 +1784,9 @@ class TestInstructionEvents(MonitoringTestBase, unittest.TestCase):
 
     def test_settrace_opcodes_beside(self):
         # A trace function's line and opcode events are those of 3.11.
-        def traced():
-            seen = []
-
-            def tracer(frame, event, arg):
-                if frame.f_code is straight.__code__:
-                    frame.f_trace_opcodes = True
-                    seen.append((event, frame.f_lasti))
-                return tracer
-            sys.settrace(tracer)
-            try:
-                straight(1)
-            finally:
-                sys.settrace(None)
-            return seen
-        expected = traced()
+        expected = opcode_trace(straight, 1)
         self.record(["INSTRUCTION", "LINE"])
-        got = traced()
+        got = opcode_trace(straight, 1)
         M.set_events(TOOL, 0)
         self.assertIn(("opcode", 2), expected)
         self.assertEqual(got, expected)
