@@ -155,10 +155,10 @@ def main():
             print(f"  {name:24} {value * 1000:10.1f} ms "
                   f"({records / value / 1e6:.2f} M objects/s)")
         elif name == "referents":
+            scan = statistics.median(v for v, _ in rows["scan"])
             print(f"  {name:24} {value * 1000:10.1f} ms "
                   f"({note / value / 1e6:.2f} M objects/s, "
-                  f"{value / statistics.median(v for v, _ in rows['scan']):.1f}"
-                  f"x the scan)")
+                  f"{value / scan:.1f}x the scan)")
         else:
             print(f"  {name:24} {value * 1000:10.1f} ms"
                   + (f" ({note})" if note != "" else ""))

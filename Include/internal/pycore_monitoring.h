@@ -184,8 +184,8 @@ PyAPI_FUNC(int) _PyMonitoring_ReleaseTool(PyInterpreterState *interp,
                                           int tool_id);
 /* Whether the callbacks of CALL, C_RETURN and C_RAISE of `tool_id` hear
    of calls of built-in functions and method descriptors only. */
-PyAPI_FUNC(void) _PyMonitoring_SetBuiltinCallsOnly(PyInterpreterState *interp,
-                                             int tool_id, int builtin_calls_only);
+PyAPI_FUNC(void) _PyMonitoring_SetBuiltinCallsOnly(
+    PyInterpreterState *interp, int tool_id, int builtin_calls_only);
 /* Sets or (func NULL) removes what tells the profiler of a thread. */
 PyAPI_FUNC(void) _PyMonitoring_SetProfilerOf(
     PyInterpreterState *interp,

@@ -218,7 +218,8 @@ class TestAPI(MonitoringTestBase, unittest.TestCase):
                 M.set_local_events(TOOL, *args)
         with self.assertRaisesRegex(
                 TypeError,
-                "^code must be a code object, not builtin_function_or_method$"):
+                "^code must be a code object, "
+                "not builtin_function_or_method$"):
             M.get_local_events(TOOL, len)
         self.assertEqual(M.get_events(TOOL), 0)
 

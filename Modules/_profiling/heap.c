@@ -3064,7 +3064,8 @@ static PyMethodDef snapshot_methods[] = {
 };
 
 static PyType_Slot snapshot_slots[] = {
-    {Py_tp_doc, (void *)PyDoc_STR("A heap snapshot, as _heap.scan() takes it.")},
+    {Py_tp_doc,
+     (void *)PyDoc_STR("A heap snapshot, as _heap.scan() takes it.")},
     {Py_tp_dealloc, snapshot_dealloc},
     {Py_tp_traverse, snapshot_traverse},
     {Py_tp_methods, snapshot_methods},
@@ -3208,7 +3209,8 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
        may let it go. */
     Py_XINCREF(prev);
     int err = (snap->type_names == NULL
-               || (prev != NULL && presize(snap, prev) < 0) || scan.names_to_types == NULL
+               || (prev != NULL && presize(snap, prev) < 0)
+               || scan.names_to_types == NULL
                || snap->edge_names == NULL || scan.edge_name_indexes == NULL
                || read_object_rules(&scan, object_rules) < 0
                || add_roots(&scan, root_list, &held_edge) < 0

@@ -91,8 +91,9 @@ class Profile(cProfile.Profile):
             return time.perf_counter() - start
 
         overhead = []
+        len_name = "<built-in method builtins.len>"
         for loop, callee in ((python_calls, nothing.__code__),
-                             (builtin_calls, "<built-in method builtins.len>")):
+                             (builtin_calls, len_name)):
             plain = min(seconds(loop) for _ in range(rounds))
             profiled = callee_time = float("inf")
             for _ in range(rounds):
