@@ -690,6 +690,20 @@ class DiffTests(unittest.TestCase):
         self.assertTrue(gone_ids.isdisjoint(
             {snapshot_id(second, o) for o in kept}))
 
+    def test_ids_stable_when_walked_in_another_order(self):
+        # A record is first matched with the one after the record matched
+        # last; objects met in another order are found by address.
+        items = [Base() for _ in range(50)]
+        first = snapshot([items])
+        ids = {id(o): snapshot_id(first, o) for o in items}
+        items.reverse()
+        items[10:10] = [Base() for _ in range(5)]
+        second = snapshot([items], previous=first)
+        self.assertEqual({id(o): snapshot_id(second, o) for o in items
+                          if id(o) in ids}, ids)
+        self.assertTrue(set(ids.values()).isdisjoint(
+            snapshot_id(second, o) for o in items[10:15]))
+
     def test_address_reused_by_another_type(self):
         # Fresh classes of one layout: pymalloc gives the freed block to
         # the next object of its size.

@@ -9,7 +9,7 @@
    its first_edge to the next one's (a compressed sparse row), and no C
    recursion is needed.  An open addressing table finds a record by
    address.  Nothing is allocated in the object domains per object: a
-   record is 24 bytes, an edge 4, a table slot 4, all from the raw domain.
+   record is 16 bytes, an edge 4, a table slot 4, all from the raw domain.
 
    While it scans, the scanner holds a reference to every object it
    recorded, so that no object it still has to visit is freed if a rule
@@ -210,6 +210,27 @@ static uint32_t next_id = 1;
 static PyThreadState *scanning;
 static PyThread_type_lock scan_lock;
 
+/* The objects recorded and folded so far, as a bit for each grain of
+   memory an object can start at, by 1 MiB region: no two objects start
+   on one grain, and most objects are in few regions.  The walk asks it
+   before the table: most objects it meets are new, and the set says so
+   from far less memory than the table's probes read.  The search for
+   objects not reached asks it of most objects. */
+#define REGION_SHIFT 20
+#define REGION_BITS ((size_t)1 << (REGION_SHIFT - _PyObmalloc_GRANULE_SHIFT))
+
+typedef struct {
+    uintptr_t region;               /* address >> REGION_SHIFT */
+    uint64_t *bits;
+} Region;
+
+typedef struct {
+    Region *regions;
+    uint32_t count;
+    uint32_t capacity;
+    IndexTable table;               /* of regions, by region */
+} RecordedSet;
+
 typedef struct {
     PyObject *op;
     PyObject *name;
@@ -260,6 +281,7 @@ typedef struct {
     int32_t *ruled;
     uint32_t nruled;
     uint32_t ruled_capacity;
+    RecordedSet recorded;
     int progress;
     int failed;
 } Scan;
@@ -385,6 +407,27 @@ lookup_find(SnapshotObject *snap, uintptr_t address, uint32_t hash)
     }
 }
 
+/* Loops that look up many addresses fetch the table's slot for each some
+   lookups ahead: the table is bigger than the caches, and its lines are
+   then on their way while earlier lookups are answered. */
+#define LOOKAHEAD 16
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define PREFETCH(address) __builtin_prefetch(address)
+#else
+#  define PREFETCH(address) ((void)(address))
+#endif
+
+/* The slot where the lookup of `address` starts. */
+static inline void
+prefetch_slot(SnapshotObject *snap, uintptr_t address)
+{
+    if (snap->lookup != NULL) {
+        PREFETCH(&snap->lookup[lookup_start(
+            snap, table_hash((void *)address, 0))]);
+    }
+}
+
 /* The record of the object at `address`, or -1. */
 static int32_t
 find_record(SnapshotObject *snap, uintptr_t address)
@@ -426,6 +469,10 @@ lookup_resize(SnapshotObject *snap, uint64_t slots)
         return -1;
     }
     for (uint32_t i = 0; i < snap->nrecords; i++) {
+        if (i + LOOKAHEAD < snap->nrecords) {
+            prefetch_slot(snap,
+                          record_address(&snap->records[i + LOOKAHEAD]));
+        }
         if (!(snap->records[i].type & VIRTUAL_FLAG)) {
             lookup_add(snap, (int32_t)i, hash_of_entry(snap, (int32_t)i));
         }
@@ -711,6 +758,83 @@ object_rule(Scan *scan, PyObject *op)
 }
 
 
+/* The recorded set */
+
+static uint32_t
+region_hash(uintptr_t region)
+{
+    return table_hash((void *)(region << REGION_SHIFT), 0);
+}
+
+static uint32_t
+hash_of_region(void *owner, int32_t index)
+{
+    return region_hash(((RecordedSet *)owner)->regions[index].region);
+}
+
+static int
+region_matches(void *owner, int32_t index, const void *key)
+{
+    return ((RecordedSet *)owner)->regions[index].region == (uintptr_t)key;
+}
+
+/* The bit of `address` in its region's bitmap. */
+static size_t
+region_bit(uintptr_t address)
+{
+    return (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
+           >> _PyObmalloc_GRANULE_SHIFT;
+}
+
+static int
+recorded_set_add(RecordedSet *set, uintptr_t address)
+{
+    uintptr_t region = address >> REGION_SHIFT;
+    uint32_t hash = region_hash(region);
+    int32_t index = table_find(&set->table, hash, set, (const void *)region,
+                               region_matches);
+    if (index < 0) {
+        uint64_t *bits = PyMem_RawCalloc(REGION_BITS / 64, sizeof(uint64_t));
+        if (bits == NULL
+            || grow((void **)&set->regions, &set->capacity, set->count,
+                    sizeof(Region)) < 0
+            || table_reserve(&set->table, 2, set, hash_of_region) < 0)
+        {
+            PyMem_RawFree(bits);
+            return -1;
+        }
+        index = (int32_t)set->count++;
+        set->regions[index] = (Region){region, bits};
+        table_add(&set->table, hash, index);
+    }
+    size_t bit = region_bit(address);
+    set->regions[index].bits[bit / 64] |= (uint64_t)1 << (bit % 64);
+    return 0;
+}
+
+static int
+recorded_set_has(RecordedSet *set, uintptr_t address)
+{
+    uintptr_t region = address >> REGION_SHIFT;
+    int32_t index = table_find(&set->table, region_hash(region), set,
+                               (const void *)region, region_matches);
+    size_t bit = region_bit(address);
+    return index >= 0
+           && (set->regions[index].bits[bit / 64] >> (bit % 64)) & 1;
+}
+
+static void
+recorded_set_clear(RecordedSet *set)
+{
+    for (uint32_t i = 0; i < set->count; i++) {
+        PyMem_RawFree(set->regions[i].bits);
+    }
+    PyMem_RawFree(set->regions);
+    table_clear(&set->table);
+    *set = (RecordedSet){0};
+}
+
+
 /* Records and edges */
 
 /* A new record; its index, or -1 when out of memory (or with an
@@ -807,12 +931,15 @@ record_of(Scan *scan, PyObject *op)
 {
     SnapshotObject *snap = scan->snap;
     uint32_t hash = table_hash(op, 0);
-    int32_t found = lookup_find(snap, (uintptr_t)op, hash);
-    if (found >= 0) {
+    if (recorded_set_has(&scan->recorded, (uintptr_t)op)) {
+        int32_t found = lookup_find(snap, (uintptr_t)op, hash);
+        assert(found >= 0);
         return found >= ALIAS_BASE ? snap->aliases[found - ALIAS_BASE].record
                                    : found;
     }
-    if (lookup_reserve(snap) < 0) {
+    if (lookup_reserve(snap) < 0
+        || recorded_set_add(&scan->recorded, (uintptr_t)op) < 0)
+    {
         return -1;
     }
     int32_t index = new_record(scan, (uintptr_t)op, 0);
@@ -1245,8 +1372,8 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
     for (at = 0; at < scan->nkids && scan->kids[at].op != dict; at++) {
     }
     SnapshotObject *snap = scan->snap;
-    uint32_t hash = table_hash(dict, 0);
-    if (at == scan->nkids || lookup_find(snap, (uintptr_t)dict, hash) >= 0)
+    if (at == scan->nkids
+        || recorded_set_has(&scan->recorded, (uintptr_t)dict))
     {
         return 0;
     }
@@ -1256,12 +1383,14 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
     if (grow((void **)&snap->aliases, &snap->aliases_capacity,
              snap->naliases, sizeof(Alias)) < 0
         || snap->naliases >= ALIAS_BASE
-        || lookup_reserve(snap) < 0)
+        || lookup_reserve(snap) < 0
+        || recorded_set_add(&scan->recorded, (uintptr_t)dict) < 0)
     {
         return -1;
     }
     snap->aliases[snap->naliases] = (Alias){(uintptr_t)dict, index};
-    lookup_add(snap, ALIAS_BASE + (int32_t)snap->naliases++, hash);
+    lookup_add(snap, ALIAS_BASE + (int32_t)snap->naliases++,
+               table_hash(dict, 0));
     return 0;
 }
 
@@ -1401,7 +1530,14 @@ add_kids:
         }
         goto error;
     }
+    for (uint32_t i = 0; i < scan->nkids && i < LOOKAHEAD; i++) {
+        prefetch_slot(scan->snap, (uintptr_t)scan->kids[i].op);
+    }
     for (uint32_t i = 0; i < scan->nkids; i++) {
+        if (i + LOOKAHEAD < scan->nkids) {
+            prefetch_slot(scan->snap,
+                          (uintptr_t)scan->kids[i + LOOKAHEAD].op);
+        }
         if (add_child(scan, scan->kids[i].op) < 0
             || (scan->kids[i].name != NULL
                 && name_edge(scan, scan->kids[i].name) < 0))
@@ -1609,119 +1745,6 @@ walk(Scan *scan, uint32_t from)
              g_ = _PyGCHead_NEXT(g_)) \
             for (PyObject *op = FROM_GC(g_); op != NULL; op = NULL)
 
-/* The objects recorded, as a bit for each grain of memory an object can
-   start at, by 1 MiB region: the search for objects not reached asks it
-   of most objects, which are in few regions. */
-#define REGION_SHIFT 20
-#define REGION_BITS ((size_t)1 << (REGION_SHIFT - _PyObmalloc_GRANULE_SHIFT))
-
-typedef struct {
-    uintptr_t region;               /* address >> REGION_SHIFT */
-    uint64_t *bits;
-} Region;
-
-typedef struct {
-    Region *regions;
-    uint32_t count;
-    uint32_t capacity;
-    IndexTable table;               /* of regions, by region */
-} RecordedSet;
-
-static uint32_t
-region_hash(uintptr_t region)
-{
-    return table_hash((void *)(region << REGION_SHIFT), 0);
-}
-
-static uint32_t
-hash_of_region(void *owner, int32_t index)
-{
-    return region_hash(((RecordedSet *)owner)->regions[index].region);
-}
-
-static int
-region_matches(void *owner, int32_t index, const void *key)
-{
-    return ((RecordedSet *)owner)->regions[index].region == (uintptr_t)key;
-}
-
-/* The bit of `address` in its region's bitmap. */
-static size_t
-region_bit(uintptr_t address)
-{
-    return (address & (((uintptr_t)1 << REGION_SHIFT) - 1))
-           >> _PyObmalloc_GRANULE_SHIFT;
-}
-
-static int
-recorded_set_add(RecordedSet *set, uintptr_t address)
-{
-    uintptr_t region = address >> REGION_SHIFT;
-    uint32_t hash = region_hash(region);
-    int32_t index = table_find(&set->table, hash, set, (const void *)region,
-                               region_matches);
-    if (index < 0) {
-        uint64_t *bits = PyMem_RawCalloc(REGION_BITS / 64, sizeof(uint64_t));
-        if (bits == NULL
-            || grow((void **)&set->regions, &set->capacity, set->count,
-                    sizeof(Region)) < 0
-            || table_reserve(&set->table, 2, set, hash_of_region) < 0)
-        {
-            PyMem_RawFree(bits);
-            return -1;
-        }
-        index = (int32_t)set->count++;
-        set->regions[index] = (Region){region, bits};
-        table_add(&set->table, hash, index);
-    }
-    size_t bit = region_bit(address);
-    set->regions[index].bits[bit / 64] |= (uint64_t)1 << (bit % 64);
-    return 0;
-}
-
-static int
-recorded_set_has(RecordedSet *set, uintptr_t address)
-{
-    uintptr_t region = address >> REGION_SHIFT;
-    int32_t index = table_find(&set->table, region_hash(region), set,
-                               (const void *)region, region_matches);
-    size_t bit = region_bit(address);
-    return index >= 0
-           && (set->regions[index].bits[bit / 64] >> (bit % 64)) & 1;
-}
-
-static void
-recorded_set_clear(RecordedSet *set)
-{
-    for (uint32_t i = 0; i < set->count; i++) {
-        PyMem_RawFree(set->regions[i].bits);
-    }
-    PyMem_RawFree(set->regions);
-    table_clear(&set->table);
-    *set = (RecordedSet){0};
-}
-
-/* The objects recorded and folded so far, a set; -1 when out of memory.
-   An object found where objects are made (an allocator's block) starts
-   on a grain, and no two share one. */
-static int
-recorded_set_fill(RecordedSet *set, SnapshotObject *snap)
-{
-    for (uint32_t i = 0; i < snap->nrecords; i++) {
-        if (!(snap->records[i].type & VIRTUAL_FLAG)
-            && recorded_set_add(set, record_address(&snap->records[i])) < 0)
-        {
-            return -1;
-        }
-    }
-    for (uint32_t i = 0; i < snap->naliases; i++) {
-        if (recorded_set_add(set, snap->aliases[i].address) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
 typedef struct {
     PyObject **objects;
     uint32_t *refs;
@@ -1734,7 +1757,7 @@ typedef struct {
     uint32_t count;
     uint32_t capacity;
     IndexTable table;
-    RecordedSet recorded;
+    RecordedSet *recorded;          /* the scan's */
 } Unreached;
 
 static uint32_t
@@ -1777,7 +1800,7 @@ add_unreached(Unreached *u, PyObject *op)
 static int
 add_if_unreached(Unreached *u, PyObject *op)
 {
-    if (recorded_set_has(&u->recorded, (uintptr_t)op)) {
+    if (recorded_set_has(u->recorded, (uintptr_t)op)) {
         return 0;
     }
     return add_unreached(u, op);
@@ -1890,12 +1913,8 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
         return -1;
     }
     snap->edges[held_edge] = held;
-    Unreached u = {0};
+    Unreached u = {.recorded = &scan->recorded};
     int err = -1;
-    if (recorded_set_fill(&u.recorded, snap) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
     FOR_EACH_TRACKED(interp, op) {
         if (add_if_unreached(&u, op) < 0) {
             PyErr_NoMemory();
@@ -1908,7 +1927,6 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
         goto done;
     }
 #endif
-    recorded_set_clear(&u.recorded);
     u.refs = PyMem_RawCalloc(u.count + 1, sizeof(uint32_t));
     u.own = PyMem_RawCalloc(u.count + 1, sizeof(uint8_t));
     u.own_stack = PyMem_RawMalloc((u.count + 1) * sizeof(int32_t));
@@ -1974,29 +1992,68 @@ done:
     PyMem_RawFree(u.own);
     PyMem_RawFree(u.own_stack);
     table_clear(&u.table);
-    recorded_set_clear(&u.recorded);
     return err;
 }
 
+/* Whether type `t` of `snap` is type `previous_type` of the snapshot
+   before, remembered for the last one asked: most types are asked about
+   the same one again and again. */
+typedef struct {
+    uint32_t previous_type_plus_one;
+    int same;
+} TypeMatch;
+
+static int
+same_type(SnapshotObject *snap, SnapshotObject *previous, TypeMatch *matches,
+          uint32_t t, uint32_t previous_type)
+{
+    TypeMatch *m = &matches[t];
+    if (m->previous_type_plus_one != previous_type + 1) {
+        m->previous_type_plus_one = previous_type + 1;
+        m->same = (previous->type_addresses[previous_type]
+                       == snap->type_addresses[t]
+                   && PyUnicode_Compare(
+                          PyList_GET_ITEM(previous->type_names,
+                                          previous_type),
+                          PyList_GET_ITEM(snap->type_names, t)) == 0);
+    }
+    return m->same;
+}
+
 /* Each record takes the id of the record of the same type at its address
-   in `previous`, or a new one. */
-static void
+   in `previous`, or a new one.  -1 when out of memory.
+
+   A heap walked again is mostly walked in the same order: the record
+   after the last one matched is tried first, which reads `previous` in
+   order; only when it is not the one is the table asked. */
+static int
 assign_ids(SnapshotObject *snap, SnapshotObject *previous)
 {
+    TypeMatch *matches = NULL;
+    if (previous != NULL) {
+        matches = PyMem_RawCalloc(
+            (size_t)PyList_GET_SIZE(snap->type_names) + 1, sizeof(TypeMatch));
+        if (matches == NULL) {
+            return -1;
+        }
+    }
+    uint32_t next = 0;
     for (uint32_t i = 0; i < snap->nrecords; i++) {
         Record *r = &snap->records[i];
         int32_t old = -1;
         if (previous != NULL && !(r->type & VIRTUAL_FLAG)) {
-            old = find_record(previous, record_address(r));
+            Record *o = &previous->records[next];
+            old = next < previous->nrecords && !(o->type & VIRTUAL_FLAG)
+                  && record_address(o) == record_address(r)
+                  ? (int32_t)next
+                  : find_record(previous, record_address(r));
         }
         if (old >= 0) {
             Record *o = &previous->records[old];
-            uint32_t t = TYPE_INDEX(r->type), ot = TYPE_INDEX(o->type);
+            next = (uint32_t)old + 1;
             if (record_address(o) == record_address(r)
-                && previous->type_addresses[ot] == snap->type_addresses[t]
-                && PyUnicode_Compare(
-                       PyList_GET_ITEM(previous->type_names, ot),
-                       PyList_GET_ITEM(snap->type_names, t)) == 0)
+                && same_type(snap, previous, matches, TYPE_INDEX(r->type),
+                             TYPE_INDEX(o->type)))
             {
                 snap->ids[i] = previous->ids[old];
                 continue;
@@ -2005,6 +2062,8 @@ assign_ids(SnapshotObject *snap, SnapshotObject *previous)
         snap->ids[i] = next_id;
         next_id += 2;
     }
+    PyMem_RawFree(matches);
+    return 0;
 }
 
 /* Sizes the arrays for a heap like the one `previous` saw, with a
@@ -2060,6 +2119,7 @@ release_scan(Scan *scan)
     }
     PyMem_RawFree(scan->types);
     table_clear(&scan->type_table);
+    recorded_set_clear(&scan->recorded);
     Py_XDECREF(scan->names_to_types);
     for (Py_ssize_t i = 0; i < scan->nobject_rules; i++) {
         Py_DECREF(scan->object_rules[i].rule);
@@ -3222,12 +3282,9 @@ _heap_scan_impl(PyObject *module, PyObject *roots, PyObject *object_rules,
     if (!err) {
         snap->ids = PyMem_RawMalloc(((size_t)snap->nrecords + 1)
                                     * sizeof(uint32_t));
-        if (snap->ids == NULL) {
+        if (snap->ids == NULL || assign_ids(snap, prev) < 0) {
             PyErr_NoMemory();
             err = 1;
-        }
-        else {
-            assign_ids(snap, prev);
         }
     }
     if (err && !PyErr_Occurred()) {
