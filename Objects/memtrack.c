@@ -305,7 +305,19 @@ type_tally(PyTypeObject *type)
 void
 _PyMemTrack_AddType(PyTypeObject *type)
 {
-    (void)type_tally(type);
+    _Py_memtally *t = type_tally(type);
+    if (t != NULL && type->tp_base != NULL) {
+        t->owned_bytes = _PyMemTrack_OwnedBytesOf(type->tp_base);
+    }
+}
+
+void
+_PyMemTrack_SetOwnedBytes(PyTypeObject *type, _PyMemTrack_OwnedBytesFunc func)
+{
+    _Py_memtally *t = type_tally(type);
+    if (t != NULL) {
+        t->owned_bytes = func;
+    }
 }
 
 void

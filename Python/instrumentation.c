@@ -580,6 +580,30 @@ _PyMonitoring_FreeCodeData(PyCodeObject *code)
     code->_co_monitoring_version = 0;
 }
 
+#ifdef Py_TRACK_MEMORY
+size_t
+_PyMonitoring_CodeDataBytes(PyCodeObject *code)
+{
+    _PyCoMonitoringData *data = code->_co_monitoring;
+    if (data == NULL) {
+        return 0;
+    }
+    size_t size = _PyMem_ReservedSize(data);
+    if (data->lines != NULL) {
+        size += _PyMem_ReservedSize(block_line(data, line_blocks(code) - 1));
+    }
+    if (data->marks != NULL) {
+        size += _PyMem_ReservedSize(data->marks);
+        for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+            if (data->marks[kind] != NULL) {
+                size += _PyMem_ReservedSize(data->marks[kind]);
+            }
+        }
+    }
+    return size;
+}
+#endif
+
 static void
 mark_line_start(PyCodeObject *code, _PyCoMonitoringData *data,
                 const int *line, int i)

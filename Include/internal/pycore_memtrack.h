@@ -52,6 +52,10 @@ extern "C" {
    waits for the store to reach the cache (measured: a fifth of the time
    of an int-heavy loop). */
 
+/* The bytes the allocator reserved for the blocks an object owns (not
+   its own block).  See _PyMemTrack_SetOwnedBytes(). */
+typedef size_t (*_PyMemTrack_OwnedBytesFunc)(PyObject *op);
+
 /* What a type's objects own, or what a name given to the tracked-malloc
    API holds; and, while sys reads them, the type's objects. */
 typedef struct _Py_memtally {
@@ -61,6 +65,7 @@ typedef struct _Py_memtally {
     Py_ssize_t objects;
     PyTypeObject *type;             /* NULL for a name */
     char *name;                     /* a name's own copy */
+    _PyMemTrack_OwnedBytesFunc owned_bytes;     /* or NULL */
     struct _Py_memtally *prev, *next;
 } _Py_memtally;
 
@@ -479,6 +484,21 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
    the pools and the table of large blocks are read as it goes. */
 PyAPI_FUNC(int) _PyMemTrack_VisitObjects(
     int (*visit)(PyObject *op, void *arg), void *arg);
+
+/* For the heap scanner, which sizes each object with the blocks it owns:
+   how to find those of `type`'s objects, for a type whose blocks no core
+   type's layout tells of (a module's).  Subclasses made later inherit
+   it. */
+PyAPI_FUNC(void) _PyMemTrack_SetOwnedBytes(PyTypeObject *type,
+                                           _PyMemTrack_OwnedBytesFunc func);
+
+/* The function set for `type` or inherited, or NULL. */
+static inline _PyMemTrack_OwnedBytesFunc
+_PyMemTrack_OwnedBytesOf(PyTypeObject *type)
+{
+    _Py_memtally *t = _PyMemTrack_TallyOf(type);
+    return t != NULL ? t->owned_bytes : NULL;
+}
 
 /* sys.total_memory_used(), for the profilers too. */
 PyAPI_FUNC(Py_ssize_t) _PyMemTrack_TotalBytes(void);

@@ -234,6 +234,10 @@ PyAPI_DATA(_PyMonitoringSentinel) _PyMonitoring_Missing;
 extern PyObject *_PyMonitoring_InitModule(void);
 extern void _PyMonitoring_Clear(PyInterpreterState *interp);
 extern void _PyMonitoring_FreeCodeData(PyCodeObject *code);
+#ifdef Py_TRACK_MEMORY
+/* What the allocator reserved for a code object's monitoring data. */
+PyAPI_FUNC(size_t) _PyMonitoring_CodeDataBytes(PyCodeObject *code);
+#endif
 
 #define _PyMonitoring_CodeIsBehind(tstate, code) \
     (_PyMonitoring_EverUsed \

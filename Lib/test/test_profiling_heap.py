@@ -3,11 +3,15 @@
 import array
 import collections
 import ctypes
+import decimal
 import gc
+import io
 import json
 import mmap
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -15,12 +19,13 @@ import threading
 import unittest
 import weakref
 from test import support
-from test.support import script_helper
+from test.support import import_helper, script_helper
 
 from profiling.heap import (Ignored, Rule, Rules, Snapshot, Virtual,
                             snapshot)
 
 TRACKING = hasattr(sys, "total_memory_used")
+MONITORING_TOOL = 4
 
 
 class Node:
@@ -452,14 +457,72 @@ class ObjectTests(unittest.TestCase):
             with self.subTest(obj=type(obj).__name__):
                 if not TRACKING:
                     self.assertEqual(snap.size(obj), sys.getsizeof(obj))
-                elif type(obj) in (array.array, collections.deque):
-                    # Their buffers are in their type's tally only.
-                    self.assertGreater(snap.size(obj), 0)
                 else:
                     # The allocator's blocks: the object's and its
                     # buffers' sizes, rounded up.
                     self.assertGreaterEqual(snap.size(obj),
                                             sys.getsizeof(obj))
+
+    @unittest.skipUnless(TRACKING, "needs --with-memory-tracking")
+    def test_module_types_count_the_blocks_they_own(self):
+        # As their modules tell the scanner; subclasses too.
+        class Deque(collections.deque):
+            pass
+
+        class Array(array.array):
+            pass
+
+        reader = open(os.devnull, "rb", buffering=1 << 16)
+        self.addCleanup(reader.close)
+        objects = [array.array("d", range(1000)), Array("d", range(1000)),
+                   collections.deque(range(1000)), Deque(range(1000)),
+                   struct.Struct("i" * 100), decimal.Decimal("1" * 500),
+                   reader, io.BufferedWriter(io.BytesIO()),
+                   io.BufferedRandom(io.BytesIO())]
+        snap = snapshot([objects])
+        for obj in objects:
+            with self.subTest(obj=type(obj).__name__):
+                # __sizeof__ counts the same blocks, as asked for.
+                self.assertGreaterEqual(snap.size(obj), sys.getsizeof(obj))
+
+    @unittest.skipUnless(TRACKING, "needs --with-memory-tracking")
+    def test_picklers_count_their_memos(self):
+        # Not what their __sizeof__ adds for the objects they hold (the
+        # pickler's output, the unpickler's stack): those have records.
+        pickler = pickle.Pickler(io.BytesIO())
+        unpickler = pickle.Unpickler(io.BytesIO())
+        snap = snapshot([[pickler, unpickler]])
+        # A new memo: 8 entries of 2 words, and 32 pointers.
+        self.assertGreaterEqual(snap.size(pickler),
+                                object.__sizeof__(pickler) + 8 * 16)
+        self.assertGreaterEqual(snap.size(unpickler),
+                                object.__sizeof__(unpickler) + 32 * 8)
+
+    @unittest.skipUnless(TRACKING, "needs --with-memory-tracking")
+    def test_core_types_count_the_blocks_they_own(self):
+        _testcapi = import_helper.import_module("_testcapi")
+        text = "\u00e9" * 10_000
+        _testcapi.unicode_asutf8(text)      # makes its UTF-8 copy
+
+        documented = type("Documented", (), {"__doc__": "d" * 10_000})
+
+        def function():
+            return 1
+
+        # A copy: the function's code keeps what earlier runs gave it.
+        code = function.__code__.replace()
+        before = snapshot([code]).size(code)
+        sys.monitoring.use_tool_id(MONITORING_TOOL, "test")
+        self.addCleanup(sys.monitoring.free_tool_id, MONITORING_TOOL)
+        sys.monitoring.set_local_events(MONITORING_TOOL, code,
+                                        sys.monitoring.events.LINE)
+        snap = snapshot([[text, documented, code]])
+        self.assertGreaterEqual(snap.size(text), sys.getsizeof(text))
+        # Its docstring copied for tp_doc, besides its dict and the str.
+        self.assertGreaterEqual(snap.size(documented),
+                                type.__sizeof__(documented) + 10_000)
+        # Its monitoring data.
+        self.assertGreater(snap.size(code), before)
 
     def test_class_counts_the_keys_its_instances_share(self):
         class Shared:

@@ -43,6 +43,8 @@
 #include "pycore_gc.h"            // PyGC_Head
 #include "pycore_interp.h"        // PyInterpreterState.gc
 #include "pycore_memtrack.h"      // _PyMem_ReservedSize()
+#include "pycore_moduleobject.h"  // PyModuleObject
+#include "pycore_monitoring.h"    // _PyMonitoring_CodeDataBytes()
 #include "pycore_object.h"        // _PyType_PreHeaderSize()
 #include "pycore_obmalloc_pool.h" // _PyObmalloc_GRANULE_SHIFT
 #include "pycore_pystate.h"       // _PyThreadState_GET()
@@ -146,11 +148,20 @@ static PyObject *names[NAMES];
 /* Each sizer's __sizeof__ method, read from the type it is defined by. */
 static PyCFunction known_sizeof[SIZER_CALL];
 
+/* How a type's objects are sized: one of the above, and on a tracking
+   build how to find the blocks they own if a module's type says. */
+typedef struct {
+    int kind;
+#ifdef Py_TRACK_MEMORY
+    _PyMemTrack_OwnedBytesFunc owned_bytes;
+#endif
+} Sizer;
+
 typedef struct {
     PyObject *key;          /* the type, or a virtual record's name */
     PyObject *name;
     PyObject *rule;         /* (size, children), or NULL: the defaults */
-    int sizer;
+    Sizer sizer;
 } TypeEntry;
 
 typedef struct {
@@ -560,19 +571,30 @@ type_name(PyTypeObject *type)
 }
 
 static int
-sizer_of(PyTypeObject *type)
+sizer_kind(PyTypeObject *type)
 {
     PyObject *method = _PyType_Lookup(type, &_Py_ID(__sizeof__));
     if (method != NULL && Py_IS_TYPE(method, &PyMethodDescr_Type)) {
         PyCFunction function =
             ((PyMethodDescrObject *)method)->d_method->ml_meth;
-        for (int sizer = 0; sizer < SIZER_CALL; sizer++) {
-            if (function == known_sizeof[sizer]) {
-                return sizer;
+        for (int kind = 0; kind < SIZER_CALL; kind++) {
+            if (function == known_sizeof[kind]) {
+                return kind;
             }
         }
     }
     return SIZER_CALL;
+}
+
+static Sizer
+sizer_of(PyTypeObject *type)
+{
+    return (Sizer){
+        .kind = sizer_kind(type),
+#ifdef Py_TRACK_MEMORY
+        .owned_bytes = _PyMemTrack_OwnedBytesOf(type),
+#endif
+    };
 }
 
 /* Checks a rule as the Python layer makes it: (size, children), size
@@ -646,7 +668,7 @@ add_type(Scan *scan, PyObject *key, PyObject *name, uintptr_t address)
     snap->type_addresses[scan->ntypes] = address;
     scan->types[scan->ntypes] = (TypeEntry){
         .key = Py_NewRef(key), .name = name, .rule = NULL,
-        .sizer = SIZER_OBJECT};
+        .sizer = {.kind = SIZER_OBJECT}};
     return (int32_t)scan->ntypes++;
 }
 
@@ -1179,9 +1201,51 @@ instance_dict(PyObject *op)
 /* Sizes */
 
 #ifdef Py_TRACK_MEMORY
-/* What the allocator reserved for an object and the buffers it owns. */
+/* What the allocator reserved for a block an object owns, if it has one
+   there. */
 static uint64_t
-tracked_size(PyObject *op, int sizer)
+owned(const void *block)
+{
+    return block != NULL ? _PyMem_ReservedSize((void *)block) : 0;
+}
+
+/* A values array: its block starts before it by the prefix it records. */
+static uint64_t
+owned_values(PyDictValues *values)
+{
+    return values != NULL
+           ? owned((uint8_t *)values - ((uint8_t *)values)[-1]) : 0;
+}
+
+/* A str's characters kept apart from it (a legacy string's), its UTF-8
+   copy and its wide-character copy, each where it is not the
+   characters themselves. */
+static uint64_t
+owned_by_str(PyObject *op)
+{
+    void *data = PyUnicode_IS_READY(op) ? PyUnicode_DATA(op) : NULL;
+    uint64_t size = 0;
+    if (!PyUnicode_IS_COMPACT(op)) {
+        size += owned(((PyUnicodeObject *)op)->data.any);
+    }
+    if (!PyUnicode_IS_COMPACT_ASCII(op)) {
+        char *utf8 = ((PyCompactUnicodeObject *)op)->utf8;
+        if (utf8 != data) {
+            size += owned(utf8);
+        }
+    }
+    wchar_t *wstr = ((PyASCIIObject *)op)->wstr;
+    if (wstr != data) {
+        size += owned(wstr);
+    }
+    return size;
+}
+
+/* What the allocator reserved for an object and the blocks it owns: the
+   core types' known here, a module's type's through the function it
+   set. */
+static uint64_t
+tracked_size(PyObject *op, Sizer sizer)
 {
     PyTypeObject *type = Py_TYPE(op);
     uint64_t size = _PyMem_ReservedSize(
@@ -1189,46 +1253,52 @@ tracked_size(PyObject *op, int sizer)
     if (size == 0) {
         return 0;       /* a static object */
     }
-    switch (sizer) {
+    switch (sizer.kind) {
     case SIZER_LIST:
-        if (((PyListObject *)op)->ob_item != NULL) {
-            size += _PyMem_ReservedSize(((PyListObject *)op)->ob_item);
-        }
+        size += owned(((PyListObject *)op)->ob_item);
         break;
     case SIZER_DICT: {
         PyDictObject *dict = (PyDictObject *)op;
         if (dict->ma_keys->dk_refcnt == 1) {
-            size += _PyMem_ReservedSize(dict->ma_keys);
+            size += owned(dict->ma_keys);
         }
-        if (dict->ma_values != NULL) {
-            uint8_t *values = (uint8_t *)dict->ma_values;
-            size += _PyMem_ReservedSize(values - values[-1]);
-        }
+        size += owned_values(dict->ma_values);
         break;
     }
     case SIZER_SET:
         if (((PySetObject *)op)->table != ((PySetObject *)op)->smalltable) {
-            size += _PyMem_ReservedSize(((PySetObject *)op)->table);
+            size += owned(((PySetObject *)op)->table);
         }
+        break;
+    case SIZER_STR:
+        size += owned_by_str(op);
         break;
     case SIZER_BYTEARRAY:
-        if (((PyByteArrayObject *)op)->ob_bytes != NULL) {
-            size += _PyMem_ReservedSize(((PyByteArrayObject *)op)->ob_bytes);
-        }
+        size += owned(((PyByteArrayObject *)op)->ob_bytes);
         break;
     }
-    if (PyType_Check(op)
-        && (((PyTypeObject *)op)->tp_flags & Py_TPFLAGS_HEAPTYPE)
-        && ((PyHeapTypeObject *)op)->ht_cached_keys != NULL)
-    {
-        /* The keys its instances share, which type.__sizeof__ counts. */
-        size += _PyMem_ReservedSize(((PyHeapTypeObject *)op)->ht_cached_keys);
+    if (PyType_Check(op)) {
+        PyHeapTypeObject *heap = (PyHeapTypeObject *)op;
+        if (heap->ht_type.tp_flags & Py_TPFLAGS_HEAPTYPE) {
+            /* The keys its instances share, which type.__sizeof__
+               counts, and its docstring and name in C. */
+            size += owned(heap->ht_cached_keys)
+                    + owned(heap->ht_type.tp_doc) + owned(heap->_ht_tpname);
+        }
+    }
+    else if (PyCode_Check(op)) {
+        PyCodeObject *code = (PyCodeObject *)op;
+        size += owned(code->_co_linearray) + owned(code->co_extra)
+                + _PyMonitoring_CodeDataBytes(code);
+    }
+    else if (PyModule_Check(op)) {
+        size += owned(((PyModuleObject *)op)->md_state);
     }
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-        uint8_t *values = (uint8_t *)*_PyObject_ValuesPointer(op);
-        if (values != NULL) {
-            size += _PyMem_ReservedSize(values - values[-1]);
-        }
+        size += owned_values(*_PyObject_ValuesPointer(op));
+    }
+    if (sizer.owned_bytes != NULL) {
+        size += sizer.owned_bytes(op);
     }
     return size;
 }
@@ -1298,12 +1368,12 @@ getsizeof(PyObject *op, int sizer)
 #endif
 
 static int64_t
-default_size(PyObject *op, int sizer)
+default_size(PyObject *op, Sizer sizer)
 {
 #ifdef Py_TRACK_MEMORY
     return (int64_t)tracked_size(op, sizer);
 #else
-    return getsizeof(op, sizer);
+    return getsizeof(op, sizer.kind);
 #endif
 }
 
@@ -1379,7 +1449,7 @@ fold_dict(Scan *scan, int32_t index, PyObject *op, int64_t *size)
     }
     scan->kids[at] = scan->kids[--scan->nkids];
     collect_default(scan, dict);
-    *size += default_size(dict, SIZER_DICT);
+    *size += default_size(dict, (Sizer){.kind = SIZER_DICT});
     if (grow((void **)&snap->aliases, &snap->aliases_capacity,
              snap->naliases, sizeof(Alias)) < 0
         || snap->naliases >= ALIAS_BASE
@@ -1953,8 +2023,8 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
     }
     for (uint32_t i = 0; i < u.count; i++) {
         PyObject *op = u.objects[i];
-        int sizer = sizer_of(Py_TYPE(op));
-        u.sizes[i] = sizer == SIZER_CALL
+        Sizer sizer = sizer_of(Py_TYPE(op));
+        u.sizes[i] = sizer.kind == SIZER_CALL
                      ? (uint64_t)Py_TYPE(op)->tp_basicsize
                        + _PyType_PreHeaderSize(Py_TYPE(op))
                      : (uint64_t)default_size(op, sizer);
