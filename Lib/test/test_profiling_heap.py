@@ -288,6 +288,21 @@ class BadInputTests(unittest.TestCase):
             snapshot([obj], rules)
         self.check_consistent()
 
+    def test_broken_tp_traverse(self):
+        # Its tp_traverse visits its first item twice, then fails before
+        # its second: the first is its child twice, the second is not.
+        _testcapi = import_helper.import_module("_testcapi")
+        first, second = str(object()), str(object())
+        obj = _testcapi.BadTraverse(first, second)
+        snap = snapshot([obj])
+        children = [n.index for n in snap.children(obj)]
+        self.assertEqual(children.count(snap.index(first)), 2)
+        self.assertNotIn(snap.index(second), children)
+        self.assertGreaterEqual(snap.retained_size(obj), snap.size(obj))
+        self.assertIn(f"{_testcapi.__name__}.BadTraverse",
+                      [row.type for row in snap.summary()])
+        self.check_consistent()
+
     def test_rule_returns_nonsense(self):
         obj = Derived()
         for rule, error in ((Rule(lambda o: -1), ValueError),
