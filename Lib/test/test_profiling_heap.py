@@ -691,6 +691,21 @@ class ObjectTests(unittest.TestCase):
             gc.enable()
             gc.collect()
 
+    @unittest.skipUnless(TRACKING, "needs --with-memory-tracking")
+    def test_garbage_counts_the_blocks_it_owns(self):
+        gc.collect()
+        gc.disable()
+        try:
+            cycle = [array.array("d", range(100_000))]
+            cycle.append(cycle)
+            del cycle
+            info = snapshot().info()
+            # The array's items, as a reachable array's size has them.
+            self.assertGreaterEqual(info["unreachable_bytes"], 800_000)
+        finally:
+            gc.enable()
+            gc.collect()
+
     def test_every_builtin_kind(self):
         # The scan visits each kind of object and keeps the interpreter
         # sound (checked further by the debug and sanitizer builds).

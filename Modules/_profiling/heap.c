@@ -2024,10 +2024,15 @@ walk_held_from_c(Scan *scan, uint32_t held_edge)
     for (uint32_t i = 0; i < u.count; i++) {
         PyObject *op = u.objects[i];
         Sizer sizer = sizer_of(Py_TYPE(op));
-        u.sizes[i] = sizer.kind == SIZER_CALL
-                     ? (uint64_t)Py_TYPE(op)->tp_basicsize
-                       + _PyType_PreHeaderSize(Py_TYPE(op))
-                     : (uint64_t)default_size(op, sizer);
+#ifndef Py_TRACK_MEMORY
+        /* A __sizeof__ of its own is Python code. */
+        if (sizer.kind == SIZER_CALL) {
+            u.sizes[i] = (uint64_t)Py_TYPE(op)->tp_basicsize
+                         + _PyType_PreHeaderSize(Py_TYPE(op));
+            continue;
+        }
+#endif
+        u.sizes[i] = (uint64_t)default_size(op, sizer);
     }
     for (uint32_t i = 0; i < u.count; i++) {
         /* Less the reference this holds. */
