@@ -574,7 +574,12 @@ static int
 sizer_kind(PyTypeObject *type)
 {
     PyObject *method = _PyType_Lookup(type, &_Py_ID(__sizeof__));
-    if (method != NULL && Py_IS_TYPE(method, &PyMethodDescr_Type)) {
+    /* A sizer reads the object as its type's layout: only for a subtype
+       of the type whose method it stands for (as the method itself is
+       only called for one), not for a class that borrowed the method. */
+    if (method != NULL && Py_IS_TYPE(method, &PyMethodDescr_Type)
+        && PyType_IsSubtype(type, PyDescr_TYPE(method)))
+    {
         PyCFunction function =
             ((PyMethodDescrObject *)method)->d_method->ml_meth;
         for (int kind = 0; kind < SIZER_CALL; kind++) {
