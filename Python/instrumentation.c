@@ -559,46 +559,55 @@ free_marks(_PyCoMonitoringData *data, int kind)
     }
 }
 
+/* Calls visit on each block that `code`'s monitoring data owns, the data
+   itself last: what freeing the data frees, and what its size counts. */
+static void
+visit_data_blocks(PyCodeObject *code, _PyCoMonitoringData *data,
+                  void (*visit)(void *block, void *arg), void *arg)
+{
+    if (data->lines != NULL) {
+        visit(block_line(data, line_blocks(code) - 1), arg);
+    }
+    if (data->marks != NULL) {
+        for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
+            if (data->marks[kind] != NULL) {
+                visit(data->marks[kind], arg);
+            }
+        }
+        visit(data->marks, arg);
+    }
+    visit(data, arg);
+}
+
+static void
+free_block(void *block, void *Py_UNUSED(arg))
+{
+    _PyMem_OwnedFree(&PyCode_Type, block);
+}
+
 void
 _PyMonitoring_FreeCodeData(PyCodeObject *code)
 {
-    _PyCoMonitoringData *data = code->_co_monitoring;
-    if (data != NULL) {
-        if (data->lines != NULL) {
-            _PyMem_OwnedFree(&PyCode_Type,
-                             block_line(data, line_blocks(code) - 1));
-        }
-        if (data->marks != NULL) {
-            for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
-                free_marks(data, kind);
-            }
-            _PyMem_OwnedFree(&PyCode_Type, data->marks);
-        }
-        _PyMem_OwnedFree(&PyCode_Type, data);
+    if (code->_co_monitoring != NULL) {
+        visit_data_blocks(code, code->_co_monitoring, free_block, NULL);
         code->_co_monitoring = NULL;
     }
     code->_co_monitoring_version = 0;
 }
 
 #ifdef Py_TRACK_MEMORY
+static void
+add_reserved(void *block, void *total)
+{
+    *(size_t *)total += _PyMem_ReservedSize(block);
+}
+
 size_t
 _PyMonitoring_CodeDataBytes(PyCodeObject *code)
 {
-    _PyCoMonitoringData *data = code->_co_monitoring;
-    if (data == NULL) {
-        return 0;
-    }
-    size_t size = _PyMem_ReservedSize(data);
-    if (data->lines != NULL) {
-        size += _PyMem_ReservedSize(block_line(data, line_blocks(code) - 1));
-    }
-    if (data->marks != NULL) {
-        size += _PyMem_ReservedSize(data->marks);
-        for (int kind = 0; kind < _PY_MONITORING_MARKS; kind++) {
-            if (data->marks[kind] != NULL) {
-                size += _PyMem_ReservedSize(data->marks[kind]);
-            }
-        }
+    size_t size = 0;
+    if (code->_co_monitoring != NULL) {
+        visit_data_blocks(code, code->_co_monitoring, add_reserved, &size);
     }
     return size;
 }
