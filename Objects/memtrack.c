@@ -732,9 +732,9 @@ reserved_size(void *ptr, int claimed)
 }
 
 size_t
-_PyMem_ReservedSize(void *ptr)
+_PyMem_ReservedSize(const void *ptr)
 {
-    return reserved_size(ptr, 0);
+    return ptr != NULL ? reserved_size((void *)ptr, 0) : 0;
 }
 
 size_t
@@ -791,7 +791,7 @@ claim(_Py_memtally *t, void *ptr)
 static void
 unclaim(_Py_memtally *t, void *ptr)
 {
-    size_t size = t != NULL && ptr != NULL ? _PyMem_ReservedSize(ptr) : 0;
+    size_t size = t != NULL ? _PyMem_ReservedSize(ptr) : 0;
     if (size > 0) {
         _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
     }

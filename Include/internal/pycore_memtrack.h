@@ -333,9 +333,9 @@ extern void _PyMemTrack_DebugHooks(PyMemAllocatorDomain domain, int hooks);
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);
 
 /* What the allocator reserved for a block of the mem or object domain; 0
-   for one the accounting does not count.  The second is for a block being
-   claimed, which holds data: a pooled one is marked so. */
-PyAPI_FUNC(size_t) _PyMem_ReservedSize(void *ptr);
+   for NULL and for one the accounting does not count.  The second is for
+   a block being claimed, which holds data: a pooled one is marked so. */
+PyAPI_FUNC(size_t) _PyMem_ReservedSize(const void *ptr);
 extern size_t _PyMemTrack_ClaimedSize(void *ptr);
 
 /* An object is made: its block is an object's.  Out of line, for an

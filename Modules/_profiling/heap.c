@@ -1206,20 +1206,15 @@ instance_dict(PyObject *op)
 /* Sizes */
 
 #ifdef Py_TRACK_MEMORY
-/* What the allocator reserved for a block an object owns, if it has one
-   there. */
-static uint64_t
-owned(const void *block)
-{
-    return block != NULL ? _PyMem_ReservedSize((void *)block) : 0;
-}
-
 /* A values array: its block starts before it by the prefix it records. */
 static uint64_t
 owned_values(PyDictValues *values)
 {
-    return values != NULL
-           ? owned((uint8_t *)values - ((uint8_t *)values)[-1]) : 0;
+    if (values == NULL) {
+        return 0;
+    }
+    uint8_t *start = (uint8_t *)values;
+    return _PyMem_ReservedSize(start - start[-1]);
 }
 
 /* A str's characters kept apart from it (a legacy string's), its UTF-8
@@ -1231,17 +1226,17 @@ owned_by_str(PyObject *op)
     void *data = PyUnicode_IS_READY(op) ? PyUnicode_DATA(op) : NULL;
     uint64_t size = 0;
     if (!PyUnicode_IS_COMPACT(op)) {
-        size += owned(((PyUnicodeObject *)op)->data.any);
+        size += _PyMem_ReservedSize(((PyUnicodeObject *)op)->data.any);
     }
     if (!PyUnicode_IS_COMPACT_ASCII(op)) {
         char *utf8 = ((PyCompactUnicodeObject *)op)->utf8;
         if (utf8 != data) {
-            size += owned(utf8);
+            size += _PyMem_ReservedSize(utf8);
         }
     }
     wchar_t *wstr = ((PyASCIIObject *)op)->wstr;
     if (wstr != data) {
-        size += owned(wstr);
+        size += _PyMem_ReservedSize(wstr);
     }
     return size;
 }
@@ -1260,26 +1255,26 @@ tracked_size(PyObject *op, Sizer sizer)
     }
     switch (sizer.kind) {
     case SIZER_LIST:
-        size += owned(((PyListObject *)op)->ob_item);
+        size += _PyMem_ReservedSize(((PyListObject *)op)->ob_item);
         break;
     case SIZER_DICT: {
         PyDictObject *dict = (PyDictObject *)op;
         if (dict->ma_keys->dk_refcnt == 1) {
-            size += owned(dict->ma_keys);
+            size += _PyMem_ReservedSize(dict->ma_keys);
         }
         size += owned_values(dict->ma_values);
         break;
     }
     case SIZER_SET:
         if (((PySetObject *)op)->table != ((PySetObject *)op)->smalltable) {
-            size += owned(((PySetObject *)op)->table);
+            size += _PyMem_ReservedSize(((PySetObject *)op)->table);
         }
         break;
     case SIZER_STR:
         size += owned_by_str(op);
         break;
     case SIZER_BYTEARRAY:
-        size += owned(((PyByteArrayObject *)op)->ob_bytes);
+        size += _PyMem_ReservedSize(((PyByteArrayObject *)op)->ob_bytes);
         break;
     }
     if (PyType_Check(op)) {
@@ -1287,17 +1282,19 @@ tracked_size(PyObject *op, Sizer sizer)
         if (heap->ht_type.tp_flags & Py_TPFLAGS_HEAPTYPE) {
             /* The keys its instances share, which type.__sizeof__
                counts, and its docstring and name in C. */
-            size += owned(heap->ht_cached_keys)
-                    + owned(heap->ht_type.tp_doc) + owned(heap->_ht_tpname);
+            size += _PyMem_ReservedSize(heap->ht_cached_keys)
+                    + _PyMem_ReservedSize(heap->ht_type.tp_doc)
+                    + _PyMem_ReservedSize(heap->_ht_tpname);
         }
     }
     else if (PyCode_Check(op)) {
         PyCodeObject *code = (PyCodeObject *)op;
-        size += owned(code->_co_linearray) + owned(code->co_extra)
+        size += _PyMem_ReservedSize(code->_co_linearray)
+                + _PyMem_ReservedSize(code->co_extra)
                 + _PyMonitoring_CodeDataBytes(code);
     }
     else if (PyModule_Check(op)) {
-        size += owned(((PyModuleObject *)op)->md_state);
+        size += _PyMem_ReservedSize(((PyModuleObject *)op)->md_state);
     }
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
         size += owned_values(*_PyObject_ValuesPointer(op));
