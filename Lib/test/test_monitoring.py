@@ -504,12 +504,9 @@ class TestCallEvents(MonitoringTestBase, unittest.TestCase):
                     kwonly(1, k=4), starred(1), starred(1, 2, x=3),
                     posonly(1, b=2), posonly(1, 2), captured(7)]
         expected = caller()
-        self.record(["CALL", "C_RETURN"])
-        try:
-            got = caller()
-        finally:
-            M.set_events(TOOL, 0)
-        self.assertEqual(got, expected)
+        got = []
+        self.run_recorded(lambda: got.append(caller()), ["CALL", "C_RETURN"])
+        self.assertEqual(got, [expected])
         self.assertEqual(
             [e[3] for e in self.events_in("caller") if e[0] == "CALL"],
             ["exact", "defaults", "defaults", "kwonly", "kwonly", "starred",
@@ -522,13 +519,11 @@ class TestCallEvents(MonitoringTestBase, unittest.TestCase):
         def callee(x):
             return len(x)
         expected = opcode_trace(callee, "ab")
-        self.record(["CALL", "C_RETURN"])
-        try:
-            got = opcode_trace(callee, "ab")
-        finally:
-            M.set_events(TOOL, 0)
+        got = []
+        self.run_recorded(lambda: got.append(opcode_trace(callee, "ab")),
+                          ["CALL", "C_RETURN"])
         self.assertIn(("opcode", offset_of(callee, "CALL")), expected)
-        self.assertEqual(got, expected)
+        self.assertEqual(got, [expected])
         self.assertEqual([e[0] for e in self.events_in("callee")],
                          ["CALL", "C_RETURN"])
 
