@@ -328,6 +328,33 @@ class TestTimes(unittest.TestCase):
         self.assertNotIn("outer", stats)
         self.assertEqual(stats["leaf"].callcount, 2)
 
+    def test_open_calls_count_so_far(self):
+        # Statistics taken while calls are open count those calls with the
+        # time they took so far: a caller's own time is what it took less
+        # what its callees took.
+        clock, profile = ticking_profile()
+        taken = {}
+
+        def leaf():
+            clock.now += 1
+
+        def outer():
+            clock.now += 10
+            leaf()
+            clock.now += 5
+            taken.update(by_name(profile.getstats()))
+            clock.now += 100
+
+        with profile:
+            outer()
+        self.assertEqual((taken["outer"].callcount, taken["outer"].inlinetime,
+                          taken["outer"].totaltime), (1, 15, 16))
+        self.assertEqual((taken["leaf"].inlinetime, taken["leaf"].totaltime),
+                         (1, 1))
+        [(_, nodes)] = profile.calltree()
+        outer_node = next(n for n in nodes if name(n[1]) == "outer")
+        self.assertEqual(outer_node[3:5], (116, 115))
+
     def test_open_calls_count_on_disable(self):
         clock, profile = ticking_profile()
 
@@ -831,6 +858,24 @@ class TestMemory(unittest.TestCase):
                                 30 * 1000)
         # What outer's own code freed: the second list, made below it.
         self.assertLess(stats["outer"].inlineretained, -19 * 1000)
+        del kept
+
+    def test_bytes_of_open_calls(self):
+        taken = {}
+
+        def make(n):
+            return [bytearray(1000) for _ in range(n)]
+
+        def outer():
+            kept = make(20)
+            taken.update(by_name(profile.getstats()))
+            return kept
+
+        with Profile(builtins=False) as profile:
+            kept = outer()
+        self.assertGreaterEqual(taken["outer"].allocated, 20 * 1000)
+        self.assertGreaterEqual(taken["outer"].retained, 20 * 1000)
+        self.assertLess(abs(taken["outer"].inlineallocated), 1000)
         del kept
 
     def test_pstats_columns_and_keys(self):

@@ -73,14 +73,29 @@ profiling_clock_init(profiling_clock *clock)
     clock->ns_origin = _PyTime_GetPerfCounter();
 }
 
+/* Whether the clock is read without a call, by profiling_clock_tsc(). */
+static inline int
+profiling_clock_is_tsc(const profiling_clock *clock)
+{
+    return clock->use_tsc;
+}
+
+static inline int64_t
+profiling_clock_tsc(void)
+{
+#ifdef PROFILING_HAVE_TSC
+    return (int64_t)__rdtsc();
+#else
+    Py_UNREACHABLE();
+#endif
+}
+
 static inline int64_t
 profiling_clock_now(const profiling_clock *clock)
 {
-#ifdef PROFILING_HAVE_TSC
-    if (clock->use_tsc) {
-        return (int64_t)__rdtsc();
+    if (profiling_clock_is_tsc(clock)) {
+        return profiling_clock_tsc();
     }
-#endif
     return (int64_t)_PyTime_GetPerfCounter();
 }
 

@@ -51,30 +51,23 @@ typedef struct {
     int32_t last_child;
     void *last_key;
     int64_t calls;
-    /* Ticks spent in all of this node's frames, and in them outside the
-       frames of their callees. */
-    int64_t inclusive;
-    int64_t self;
-    /* With memory: the bytes allocated, and those retained (allocated
-       less freed), in the same two ways. */
+    /* Ticks spent in this node's closed frames, callees included, and
+       with memory the bytes allocated there and those retained (allocated
+       less freed).  What they took outside callees is found when asked
+       (node_totals()): what its children took is what its frames'
+       callees took. */
+    int64_t ticks;
     int64_t allocated;
-    int64_t self_allocated;
     int64_t retained;
-    int64_t self_retained;
 } Node;
 
-/* A frame open on a thread's stack. */
+/* A frame open on a thread's stack: its node, and the time and with
+   memory the allocator's counts at its start. */
 typedef struct {
     int32_t node;
     int64_t start;
-    /* Ticks spent in the frames of its callees so far. */
-    int64_t children;
-    /* With memory: the allocator's counts at the start, and what the
-       callees allocated and retained so far. */
     int64_t allocated_start;
     int64_t retained_start;
-    int64_t children_allocated;
-    int64_t children_retained;
 } Frame;
 
 /* A thread's stack starts with a frame for its tree's root, which stays
@@ -517,10 +510,10 @@ seconds_per_tick(ProfilerObject *self, module_state *state)
 
 /* Frames */
 
-/* find_or_make_child(), its most frequent case (found at the first
-   place looked) inlined. */
+/* The child of `parent` for `key` if it is at the first place looked
+   in the table (most often), or -1. */
 static inline int32_t
-child_node(ProfilerObject *self, int32_t parent, void *key, PyObject *source)
+child_at_first_place(ProfilerObject *self, int32_t parent, void *key)
 {
     IndexTable *table = &self->node_table;
     if (table->slots != NULL) {
@@ -532,31 +525,14 @@ child_node(ProfilerObject *self, int32_t parent, void *key, PyObject *source)
             }
         }
     }
-    return find_or_make_child(self, parent, key, source);
+    return -1;
 }
 
-static inline Py_ALWAYS_INLINE void
-open_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
-           PyObject *source, int call, int64_t now)
+static inline void
+push_frame(ProfilerObject *self, ThreadRecord *thread, int32_t node,
+           int call, int64_t now)
 {
-    int32_t parent = thread->stack[thread->depth - 1].node;
-    int32_t node = self->nodes[parent].last_child;
-    if (self->nodes[parent].last_key != key) {
-        node = child_node(self, parent, key, source);
-        if (node < 0) {
-            self->out_of_memory = 1;
-            return;
-        }
-        self->nodes[parent].last_key = key;
-        self->nodes[parent].last_child = node;
-    }
-    if (thread->depth == thread->capacity
-        && grow((void **)&thread->stack, &thread->capacity, thread->depth,
-                sizeof(Frame)) < 0)
-    {
-        self->out_of_memory = 1;
-        return;
-    }
+    assert(thread->depth < thread->capacity);
     self->nodes[node].calls += call;
     Frame *frame = &thread->stack[thread->depth++];
     *frame = (Frame){.node = node, .start = now};
@@ -566,26 +542,71 @@ open_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
     }
 }
 
+/* open_frame() where the child is not found at once or the stack is
+   full. */
+static Py_NO_INLINE int
+open_frame_further(ProfilerObject *self, ThreadRecord *thread, void *key,
+                   PyObject *source, int call, int64_t now)
+{
+    Node *parent = &self->nodes[thread->stack[thread->depth - 1].node];
+    int32_t node = parent->last_child;
+    if (parent->last_key != key) {
+        int32_t index = (int32_t)(parent - self->nodes);
+        node = find_or_make_child(self, index, key, source);
+        if (node < 0) {
+            self->out_of_memory = 1;
+            return 0;
+        }
+        /* The nodes may have moved. */
+        parent = &self->nodes[index];
+        parent->last_key = key;
+        parent->last_child = node;
+    }
+    if (grow((void **)&thread->stack, &thread->capacity, thread->depth,
+             sizeof(Frame)) < 0)
+    {
+        self->out_of_memory = 1;
+        return 0;
+    }
+    push_frame(self, thread, node, call, now);
+    return 0;
+}
+
+/* Opens a frame of `key` on `thread`'s stack.  Returns 0.  Its most
+   frequent cases are inline, the others a tail call: the callbacks then
+   need no registers saved on their way. */
+static inline Py_ALWAYS_INLINE int
+open_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
+           PyObject *source, int call, int64_t now)
+{
+    int32_t index = thread->stack[thread->depth - 1].node;
+    Node *parent = &self->nodes[index];
+    int32_t node = parent->last_child;
+    if (parent->last_key != key) {
+        node = child_at_first_place(self, index, key);
+        if (node < 0) {
+            return open_frame_further(self, thread, key, source, call, now);
+        }
+        parent->last_key = key;
+        parent->last_child = node;
+    }
+    if (thread->depth == thread->capacity) {
+        return open_frame_further(self, thread, key, source, call, now);
+    }
+    push_frame(self, thread, node, call, now);
+    return 0;
+}
+
 static inline void
 close_top_frame(ProfilerObject *self, ThreadRecord *thread, int64_t now)
 {
     assert(thread->depth > 1);
     Frame *frame = &thread->stack[--thread->depth];
-    Frame *parent = &thread->stack[thread->depth - 1];
-    int64_t elapsed = now - frame->start;
     Node *node = &self->nodes[frame->node];
-    node->inclusive += elapsed;
-    node->self += elapsed - frame->children;
-    parent->children += elapsed;
+    node->ticks += now - frame->start;
     if (self->memory) {
-        int64_t allocated = MEMORY_ALLOCATED() - frame->allocated_start;
-        int64_t retained = MEMORY_RETAINED() - frame->retained_start;
-        node->allocated += allocated;
-        node->self_allocated += allocated - frame->children_allocated;
-        node->retained += retained;
-        node->self_retained += retained - frame->children_retained;
-        parent->children_allocated += allocated;
-        parent->children_retained += retained;
+        node->allocated += MEMORY_ALLOCATED() - frame->allocated_start;
+        node->retained += MEMORY_RETAINED() - frame->retained_start;
     }
 }
 
@@ -593,7 +614,7 @@ close_top_frame(ProfilerObject *self, ThreadRecord *thread, int64_t now)
    closing events were not seen (a C function's result told to no one
    after an instrumentation change, say).  A frame opened before the
    profiler was enabled is on no stack: nothing to close. */
-static Py_NO_INLINE void
+static Py_NO_INLINE int
 close_frames_down_to(ProfilerObject *self, ThreadRecord *thread, void *key,
                      int64_t now)
 {
@@ -603,15 +624,14 @@ close_frames_down_to(ProfilerObject *self, ThreadRecord *thread, void *key,
     {
         depth--;
     }
-    if (depth == 1) {
-        return;
-    }
-    while (thread->depth >= depth) {
+    while (depth > 1 && thread->depth >= depth) {
         close_top_frame(self, thread, now);
     }
+    return 0;
 }
 
-static inline Py_ALWAYS_INLINE void
+/* Closes the innermost open frame, of `key` most often.  Returns 0. */
+static inline Py_ALWAYS_INLINE int
 close_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
             int64_t now)
 {
@@ -619,10 +639,33 @@ close_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
         && self->nodes[thread->stack[thread->depth - 1].node].key == key)
     {
         close_top_frame(self, thread, now);
+        return 0;
     }
-    else {
-        close_frames_down_to(self, thread, key, now);
+    return close_frames_down_to(self, thread, key, now);
+}
+
+/* The time to close the open frames with: now, or where the timer failed
+   the last time known. */
+static int64_t
+closing_time(ProfilerObject *self, module_state *state)
+{
+    if (self->timer == NULL) {
+        return profiling_clock_now(&state->clock);
     }
+    if (!self->timer_failed) {
+        int64_t now = timer_ticks(self, state);
+        if (!self->timer_failed) {
+            return now;
+        }
+    }
+    int64_t now = 0;
+    for (int32_t i = 0; i < self->nthreads; i++) {
+        ThreadRecord *thread = &self->threads[i];
+        if (thread->depth > 1) {
+            now = Py_MAX(now, thread->stack[thread->depth - 1].start);
+        }
+    }
+    return now;
 }
 
 static void
@@ -828,15 +871,36 @@ c_function_key(PyObject *callable, PyObject *arg0)
     return NULL;
 }
 
-/* The events.  Each is defined once, as `body` run with `self`, `thread`,
-   `now` and the arguments, and made into two callbacks: one serving every
-   enabled profiler (the module state its argument), and one serving a
-   lone profiler of all code with the interpreter's clock (the profiler
-   its argument), which spares the most frequent case the loop and the
-   filter.  `key_of` picks what a frame is entered for, or skips the event
-   with NULL.  Where no enabled profiler records the code (all have an
-   `include` that leaves it out), a local event is disabled there. */
-#define PROFILER_EVENT(name, key_of, local, body) \
+/* c_function_key() for the two most frequent types, or NULL. */
+static inline void *
+quick_c_function_key(PyObject *callable, PyObject *arg0)
+{
+    PyTypeObject *type = Py_TYPE(callable);
+    if (type == &PyCFunction_Type) {
+        return ((PyCFunctionObject *)callable)->m_ml;
+    }
+    if (type == &PyMethodDescr_Type && arg0 != _PyMonitoring_MISSING) {
+        return ((PyMethodDescrObject *)callable)->d_method;
+    }
+    return NULL;
+}
+
+/* The events.  Each is defined once, by `op`: an int expression
+   evaluated with `self`, `thread`, `now`, `key` and the arguments.
+   `key_of` picks what a frame is entered for, or skips the event with
+   NULL.  Each event makes two callbacks:
+   - One serves every enabled profiler (the module state its argument).
+     Where none records the code (all have an `include` that leaves it
+     out), a local event is disabled there; where one records it, an
+     event that `localizes` gives the code its local events.
+   - The other serves a lone profiler of all code with the interpreter's
+     clock (the profiler its argument), sparing the most frequent case
+     the loop and the filter.  Where the clock needs no call,
+     `quick_key_of` (no call either) finds the key, and the thread is the
+     one found last, it makes no call but `op`'s last, a tail call: it
+     saves no registers on its way. */
+#define PROFILER_EVENT(name, key_of, quick_key_of, local, localizes, \
+                       op) \
     static int \
     name(void *arg, PyThreadState *tstate, PyCodeObject *code, long where, \
          PyObject *arg1, PyObject *arg2) \
@@ -848,65 +912,67 @@ c_function_key(PyObject *callable, PyObject *arg0)
         module_state *state = arg; \
         int64_t clock_now = profiling_clock_now(&state->clock); \
         int wanted = 0; \
-        FOR_EACH_RECORDING(state, tstate, code, clock_now, wanted, body); \
+        FOR_EACH_RECORDING(state, tstate, code, clock_now, wanted, { \
+            (void)(op); \
+            if ((localizes) && state->filtered) { \
+                localize(state, code); \
+            } \
+        }); \
         return (local) && !wanted && state->nenabled > 0; \
+    } \
+    static Py_NO_INLINE int \
+    name##_solo_further(ProfilerObject *self, PyThreadState *tstate, \
+                        PyCodeObject *code, PyObject *arg1, PyObject *arg2) \
+    { \
+        int64_t now = profiling_clock_now(&self->state->clock); \
+        void *key = (key_of); \
+        ThreadRecord *thread = key ? thread_record(self, tstate) : NULL; \
+        return thread != NULL ? (op) : 0; \
     } \
     static int \
     name##_solo(void *arg, PyThreadState *tstate, PyCodeObject *code, \
                 long where, PyObject *arg1, PyObject *arg2) \
     { \
-        void *key = (key_of); \
-        if (key == NULL) { \
-            return 0; \
-        } \
         ProfilerObject *self = arg; \
         assert(self->timer == NULL && self->include == NULL); \
-        ThreadRecord *thread = thread_record(self, tstate); \
-        if (thread != NULL) { \
-            int64_t now = profiling_clock_now(&self->state->clock); \
-            body \
+        void *key = (quick_key_of); \
+        ThreadRecord *thread = self->last_thread; \
+        if (!profiling_clock_is_tsc(&self->state->clock) || key == NULL \
+            || thread == NULL || thread->id != tstate->id) \
+        { \
+            return name##_solo_further(self, tstate, code, arg1, arg2); \
         } \
-        return 0; \
+        int64_t now = profiling_clock_tsc(); \
+        return (op); \
     }
 
-PROFILER_EVENT(on_call, code, 1, {
-    open_frame(self, thread, key, (PyObject *)code, 1, now);
-    if (self->state->filtered) {
-        localize(self->state, code);
-    }
-})
+PROFILER_EVENT(on_call, code, code, 1, 1,
+               open_frame(self, thread, key, (PyObject *)code, 1, now))
 
-PROFILER_EVENT(on_resume, code, 1, {
-    open_frame(self, thread, key, (PyObject *)code, 0, now);
-})
+PROFILER_EVENT(on_resume, code, code, 1, 0,
+               open_frame(self, thread, key, (PyObject *)code, 0, now))
 
 /* PY_THROW: the call goes on; not a local event. */
-PROFILER_EVENT(on_throw, code, 0, {
-    open_frame(self, thread, key, (PyObject *)code, 0, now);
-})
+PROFILER_EVENT(on_throw, code, code, 0, 0,
+               open_frame(self, thread, key, (PyObject *)code, 0, now))
 
 /* PY_RETURN and PY_YIELD. */
-PROFILER_EVENT(on_leave, code, 1, {
-    close_frame(self, thread, key, now);
-})
+PROFILER_EVENT(on_leave, code, code, 1, 0,
+               close_frame(self, thread, key, now))
 
 /* PY_UNWIND: not a local event. */
-PROFILER_EVENT(on_unwind, code, 0, {
-    close_frame(self, thread, key, now);
-})
+PROFILER_EVENT(on_unwind, code, code, 0, 0,
+               close_frame(self, thread, key, now))
 
-PROFILER_EVENT(on_c_call, c_function_key(arg1, arg2), 1, {
-    if (self->builtins) {
-        open_frame(self, thread, key, arg1, 1, now);
-    }
-})
+PROFILER_EVENT(on_c_call, c_function_key(arg1, arg2),
+               quick_c_function_key(arg1, arg2), 1, 0,
+               self->builtins ? open_frame(self, thread, key, arg1, 1, now)
+                              : 0)
 
 /* C_RETURN and C_RAISE: not local events. */
-PROFILER_EVENT(on_c_leave, c_function_key(arg1, arg2), 0, {
-    if (self->builtins) {
-        close_frame(self, thread, key, now);
-    }
-})
+PROFILER_EVENT(on_c_leave, c_function_key(arg1, arg2),
+               quick_c_function_key(arg1, arg2), 0, 0,
+               self->builtins ? close_frame(self, thread, key, now) : 0)
 
 #define EVENT_CALLBACKS(suffix) { \
     [EVENT(PY_START)] = on_call##suffix, \
@@ -1056,20 +1122,7 @@ stop_serving(module_state *state, ProfilerObject *self)
             break;
         }
     }
-    int64_t now = self->timer == NULL || self->timer_failed
-                  ? profiling_clock_now(&state->clock)
-                  : timer_ticks(self, state);
-    if (self->timer != NULL && self->timer_failed) {
-        /* No time to close the frames with: the last one known. */
-        now = 0;
-        for (int32_t i = 0; i < self->nthreads; i++) {
-            ThreadRecord *thread = &self->threads[i];
-            if (thread->depth > 1) {
-                now = Py_MAX(now, thread->stack[thread->depth - 1].start);
-            }
-        }
-    }
-    close_all_frames(self, now);
+    close_all_frames(self, closing_time(self, state));
     self->enabled = 0;
     int err = set_events(state);
     Py_DECREF(self);
@@ -1310,11 +1363,19 @@ typedef struct {
     Totals totals;
 } Edge;
 
+/* What the frames of a node took (node_totals()). */
+typedef struct {
+    int64_t ticks;
+    int64_t own_ticks;
+    int64_t allocated;
+    int64_t own_allocated;
+    int64_t retained;
+    int64_t own_retained;
+} NodeTotals;
+
 typedef struct {
     ProfilerObject *self;
-    /* Each node's ticks, outside callees and in all (node_times()). */
-    int64_t *own;
-    int64_t *all_ticks;
+    NodeTotals *nodes;
     /* Only the threads of this ident, unless `all`. */
     int all;
     unsigned long ident;
@@ -1381,31 +1442,69 @@ two_arrays(int32_t n, size_t item, void **a, void **b)
     return 0;
 }
 
-/* The ticks of each node, in its frames outside callees and in all, with
-   what the profiler adds to each call taken out where it was measured:
-   the callee's share from the node, the caller's from its parent, never
-   below zero, and the times in all made again from what is left. */
-static int
-node_times(ProfilerObject *self, double seconds_per_tick, int64_t **own,
-           int64_t **all)
+/* What the frames of each node took, in all and outside their callees:
+   ticks, and with memory bytes allocated and retained.  Frames still open
+   count with what they took so far.  What the profiler adds to each call
+   is taken out where it was measured: the callee's share from the node,
+   the caller's from its parent, never below zero, and the times in all
+   made again from what is left.  NULL with an exception set on
+   failure. */
+static NodeTotals *
+node_totals(ProfilerObject *self, module_state *state,
+            double seconds_per_tick)
 {
+    int open = 0;
+    for (int32_t i = 0; i < self->nthreads; i++) {
+        open |= self->threads[i].depth > 1;
+    }
+    /* First, as a timer may run profiled code. */
+    int64_t now = open ? closing_time(self, state) : 0;
     int32_t n = self->nnodes;
-    if (two_arrays(n, sizeof(int64_t), (void **)own, (void **)all) < 0) {
-        return -1;
+    NodeTotals *totals = PyMem_Calloc((size_t)n + 1, sizeof(NodeTotals));
+    if (totals == NULL) {
+        PyErr_NoMemory();
+        return NULL;
     }
     for (int32_t i = 0; i < n; i++) {
-        (*own)[i] = self->nodes[i].self;
-        (*all)[i] = self->nodes[i].inclusive;
+        totals[i].ticks = self->nodes[i].ticks;
+        totals[i].allocated = self->nodes[i].allocated;
+        totals[i].retained = self->nodes[i].retained;
+    }
+    int64_t allocated = MEMORY_ALLOCATED(), retained = MEMORY_RETAINED();
+    for (int32_t i = 0; open && i < self->nthreads; i++) {
+        ThreadRecord *thread = &self->threads[i];
+        for (int32_t depth = 1; depth < thread->depth; depth++) {
+            Frame *frame = &thread->stack[depth];
+            totals[frame->node].ticks += now - frame->start;
+            if (self->memory) {
+                totals[frame->node].allocated +=
+                    allocated - frame->allocated_start;
+                totals[frame->node].retained +=
+                    retained - frame->retained_start;
+            }
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        totals[i].own_ticks = totals[i].ticks;
+        totals[i].own_allocated = totals[i].allocated;
+        totals[i].own_retained = totals[i].retained;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t parent = self->nodes[i].parent;
+        if (parent >= 0) {
+            totals[parent].own_ticks -= totals[i].ticks;
+            totals[parent].own_allocated -= totals[i].allocated;
+            totals[parent].own_retained -= totals[i].retained;
+        }
     }
     if (!self->has_overhead) {
-        return 0;
+        return totals;
     }
     double *cut = PyMem_Calloc((size_t)n + 1, sizeof(double));
     if (cut == NULL) {
-        PyMem_Free(*own);
-        PyMem_Free(*all);
+        PyMem_Free(totals);
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
     for (int32_t i = 0; i < n; i++) {
         Node *node = &self->nodes[i];
@@ -1418,20 +1517,20 @@ node_times(ProfilerObject *self, double seconds_per_tick, int64_t **own,
         cut[node->parent] += calls * self->overhead[builtin][1]
                              / seconds_per_tick;
     }
+    for (int32_t i = 0; i < n; i++) {
+        totals[i].own_ticks = Py_MAX(
+            0, (int64_t)((double)totals[i].own_ticks - cut[i]));
+        totals[i].ticks = 0;
+    }
     /* Children come after their parents in the array. */
     for (int32_t i = n - 1; i >= 0; i--) {
-        Node *node = &self->nodes[i];
-        (*own)[i] = Py_MAX(0, (int64_t)((double)node->self - cut[i]));
-        (*all)[i] = 0;
-    }
-    for (int32_t i = n - 1; i >= 0; i--) {
-        (*all)[i] += (*own)[i];
+        totals[i].ticks += totals[i].own_ticks;
         if (self->nodes[i].parent >= 0) {
-            (*all)[self->nodes[i].parent] += (*all)[i];
+            totals[self->nodes[i].parent].ticks += totals[i].ticks;
         }
     }
     PyMem_Free(cut);
-    return 0;
+    return totals;
 }
 
 /* A node's frames enter the totals: their time counts toward a total
@@ -1440,14 +1539,15 @@ static void
 add_node(Gathering *g, Totals *totals, int32_t i)
 {
     Node *node = &g->self->nodes[i];
+    NodeTotals *took = &g->nodes[i];
     totals->calls += node->calls;
-    totals->inline_ += g->own[i];
-    totals->inline_allocated += node->self_allocated;
-    totals->inline_retained += node->self_retained;
+    totals->inline_ += took->own_ticks;
+    totals->inline_allocated += took->own_allocated;
+    totals->inline_retained += took->own_retained;
     if (totals->open++ == 0) {
-        totals->total += g->all_ticks[i];
-        totals->allocated += node->allocated;
-        totals->retained += node->retained;
+        totals->total += took->ticks;
+        totals->allocated += took->allocated;
+        totals->retained += took->retained;
     }
     else {
         totals->recursive_calls += node->calls;
@@ -1657,6 +1757,12 @@ _lsprof_Profiler_getstats_impl(ProfilerObject *self, PyObject *thread)
         return NULL;
     }
     PyObject *list = NULL;
+    /* First, as a timer may run profiled code. */
+    double factor = seconds_per_tick(self, state);
+    g.nodes = node_totals(self, state, factor);
+    if (g.nodes == NULL) {
+        goto done;
+    }
     g.functions = PyMem_Calloc((size_t)self->nfunctions + 1, sizeof(Totals));
     g.first_edge = PyMem_Malloc(((size_t)self->nfunctions + 1)
                                 * sizeof(int32_t));
@@ -1667,10 +1773,7 @@ _lsprof_Profiler_getstats_impl(ProfilerObject *self, PyObject *thread)
     for (int32_t i = 0; i < self->nfunctions; i++) {
         g.first_edge[i] = -1;
     }
-    double factor = seconds_per_tick(self, state);
-    if (node_times(self, factor, &g.own, &g.all_ticks) < 0
-        || gather(&g) < 0)
-    {
+    if (gather(&g) < 0) {
         goto done;
     }
     list = PyList_New(0);
@@ -1714,8 +1817,7 @@ _lsprof_Profiler_getstats_impl(ProfilerObject *self, PyObject *thread)
         Py_DECREF(entry);
     }
 done:
-    PyMem_Free(g.own);
-    PyMem_Free(g.all_ticks);
+    PyMem_Free(g.nodes);
     PyMem_Free(g.functions);
     PyMem_Free(g.first_edge);
     PyMem_Free(g.edges);
@@ -1800,7 +1902,7 @@ _lsprof_Profiler_threads_impl(ProfilerObject *self)
 /* The tree of one thread as a list, parents before children. */
 static PyObject *
 thread_tree(ProfilerObject *self, ThreadRecord *thread, double factor,
-            int64_t *own, int64_t *all, int32_t *first_child,
+            NodeTotals *totals, int32_t *first_child,
             int32_t *next_sibling, int32_t *position)
 {
     PyObject *nodes = PyList_New(0);
@@ -1812,22 +1914,23 @@ thread_tree(ProfilerObject *self, ThreadRecord *thread, double factor,
     int32_t i = first_child[root];
     while (i >= 0) {
         Node *node = &self->nodes[i];
+        NodeTotals *took = &totals[i];
         position[i] = (int32_t)PyList_GET_SIZE(nodes);
         PyObject *item = self->memory
             ? Py_BuildValue("(iOLddLLLL)", position[node->parent],
                             self->functions[node->function].label,
                             (long long)node->calls,
-                            factor * (double)all[i],
-                            factor * (double)own[i],
-                            (long long)node->allocated,
-                            (long long)node->self_allocated,
-                            (long long)node->retained,
-                            (long long)node->self_retained)
+                            factor * (double)took->ticks,
+                            factor * (double)took->own_ticks,
+                            (long long)took->allocated,
+                            (long long)took->own_allocated,
+                            (long long)took->retained,
+                            (long long)took->own_retained)
             : Py_BuildValue("(iOLdd)", position[node->parent],
                             self->functions[node->function].label,
                             (long long)node->calls,
-                            factor * (double)all[i],
-                            factor * (double)own[i]);
+                            factor * (double)took->ticks,
+                            factor * (double)took->own_ticks);
         if (item == NULL || PyList_Append(nodes, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(nodes);
@@ -1884,15 +1987,16 @@ _lsprof_Profiler_calltree_impl(ProfilerObject *self, PyObject *thread)
                         "memory was exhausted while profiling");
         return NULL;
     }
-    int32_t *first_child, *next_sibling;
-    if (link_children(self, &first_child, &next_sibling) < 0) {
+    /* First, as a timer may run profiled code. */
+    module_state *state = state_of(self);
+    double factor = seconds_per_tick(self, state);
+    NodeTotals *totals = node_totals(self, state, factor);
+    if (totals == NULL) {
         return NULL;
     }
-    double factor = seconds_per_tick(self, state_of(self));
-    int64_t *own = NULL, *all_ticks = NULL;
-    if (node_times(self, factor, &own, &all_ticks) < 0) {
-        PyMem_Free(first_child);
-        PyMem_Free(next_sibling);
+    int32_t *first_child, *next_sibling;
+    if (link_children(self, &first_child, &next_sibling) < 0) {
+        PyMem_Free(totals);
         return NULL;
     }
     int32_t *position = PyMem_Malloc((size_t)self->nnodes * sizeof(int32_t)
@@ -1903,7 +2007,7 @@ _lsprof_Profiler_calltree_impl(ProfilerObject *self, PyObject *thread)
         if (!all && record->ident != ident) {
             continue;
         }
-        PyObject *nodes = thread_tree(self, record, factor, own, all_ticks,
+        PyObject *nodes = thread_tree(self, record, factor, totals,
                                       first_child, next_sibling, position);
         PyObject *pair = nodes == NULL ? NULL
             : Py_BuildValue("(kN)", record->ident, nodes);
@@ -1915,8 +2019,7 @@ _lsprof_Profiler_calltree_impl(ProfilerObject *self, PyObject *thread)
     PyMem_Free(first_child);
     PyMem_Free(next_sibling);
     PyMem_Free(position);
-    PyMem_Free(own);
-    PyMem_Free(all_ticks);
+    PyMem_Free(totals);
     return trees;
 }
 
