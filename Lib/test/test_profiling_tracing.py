@@ -147,6 +147,34 @@ class TestTimes(unittest.TestCase):
         self.assertEqual(self_calls.callcount, 176)
         self.assertEqual(self_calls.reccallcount, 174)
 
+    def test_more_edges_than_cached(self):
+        # Each edge of the tree taken twice: more edges than the profiler
+        # keeps at hand, many to the same callee from another caller.
+        # Every node is found again, none made twice, none taken for
+        # another.
+        clock, profile = ticking_profile()
+        namespace = {}
+        exec("\n".join(f"def f{i}(): pass" for i in range(8)), namespace)
+        leaves = [namespace[f"f{i}"] for i in range(8)]
+        codes = [leaf.__code__ for leaf in leaves]
+
+        def caller(depth):
+            for leaf in leaves:
+                leaf()
+            if depth:
+                caller(depth - 1)
+
+        with profile:
+            caller(200)
+            caller(200)
+        [(_, nodes)] = profile.calltree()
+        ours = [n for n in nodes if n[1] in (caller.__code__, *codes)]
+        self.assertEqual(len(ours), 201 + 201 * 8)
+        self.assertEqual({n[2] for n in ours}, {2})
+        for node in ours:
+            if node[1] in codes:
+                self.assertIs(nodes[node[0]][1], caller.__code__)
+
     def test_mutual_recursion(self):
         clock, profile = ticking_profile()
 

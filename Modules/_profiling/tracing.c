@@ -46,10 +46,6 @@ typedef struct {
     void *key;
     int32_t parent;
     int32_t function;
-    /* The child entered last, which is most often entered next: a loop's
-       callee, the next level of a recursion. */
-    int32_t last_child;
-    void *last_key;
     int64_t calls;
     /* Ticks spent in this node's closed frames, callees included, and
        with memory the bytes allocated there and those retained (allocated
@@ -69,6 +65,18 @@ typedef struct {
     int64_t allocated_start;
     int64_t retained_start;
 } Frame;
+
+/* An edge of a tree: from the node `parent`, for a callee's `key`, to the
+   node `child`. */
+typedef struct {
+    void *key;
+    int32_t parent;
+    int32_t child;
+} CachedEdge;
+
+/* Slots of the cache of edges taken lately (a power of two): most calls
+   take an edge taken shortly before, a loop's or a recursion's. */
+#define EDGE_CACHE_SIZE 1024
 
 /* A thread's stack starts with a frame for its tree's root, which stays
    open: frames are entered from it like from any other. */
@@ -135,6 +143,7 @@ typedef struct {
     int32_t nnodes;
     int32_t nodes_capacity;
     IndexTable node_table;
+    CachedEdge edge_cache[EDGE_CACHE_SIZE];
 
     Function *functions;
     int32_t nfunctions;
@@ -352,7 +361,7 @@ new_node(ProfilerObject *self, void *key, int32_t parent, int32_t function)
     }
     int32_t index = self->nnodes++;
     self->nodes[index] = (Node){.key = key, .parent = parent,
-                                .function = function, .last_child = -1};
+                                .function = function};
     return index;
 }
 
@@ -510,22 +519,13 @@ seconds_per_tick(ProfilerObject *self, module_state *state)
 
 /* Frames */
 
-/* The child of `parent` for `key` if it is at the first place looked
-   in the table (most often), or -1. */
-static inline int32_t
-child_at_first_place(ProfilerObject *self, int32_t parent, void *key)
+/* The slot of the edge from `parent` for `key` in the cache: the key's
+   bits above an object's alignment, and the parent's, spread apart. */
+static inline CachedEdge *
+cached_edge(ProfilerObject *self, int32_t parent, void *key)
 {
-    IndexTable *table = &self->node_table;
-    if (table->slots != NULL) {
-        int32_t entry = table->slots[hash_key(key, parent) & table->mask];
-        if (entry != 0) {
-            Node *node = &self->nodes[entry - 1];
-            if (node->key == key && node->parent == parent) {
-                return entry - 1;
-            }
-        }
-    }
-    return -1;
+    size_t slot = ((uintptr_t)key >> 4) ^ ((size_t)parent << 3);
+    return &self->edge_cache[slot & (EDGE_CACHE_SIZE - 1)];
 }
 
 static inline void
@@ -542,25 +542,21 @@ push_frame(ProfilerObject *self, ThreadRecord *thread, int32_t node,
     }
 }
 
-/* open_frame() where the child is not found at once or the stack is
+/* open_frame() where the edge is not in the cache or the stack is
    full. */
 static Py_NO_INLINE int
 open_frame_further(ProfilerObject *self, ThreadRecord *thread, void *key,
                    PyObject *source, int call, int64_t now)
 {
-    Node *parent = &self->nodes[thread->stack[thread->depth - 1].node];
-    int32_t node = parent->last_child;
-    if (parent->last_key != key) {
-        int32_t index = (int32_t)(parent - self->nodes);
-        node = find_or_make_child(self, index, key, source);
+    int32_t parent = thread->stack[thread->depth - 1].node;
+    CachedEdge *edge = cached_edge(self, parent, key);
+    if (edge->key != key || edge->parent != parent) {
+        int32_t node = find_or_make_child(self, parent, key, source);
         if (node < 0) {
             self->out_of_memory = 1;
             return 0;
         }
-        /* The nodes may have moved. */
-        parent = &self->nodes[index];
-        parent->last_key = key;
-        parent->last_child = node;
+        *edge = (CachedEdge){.key = key, .parent = parent, .child = node};
     }
     if (grow((void **)&thread->stack, &thread->capacity, thread->depth,
              sizeof(Frame)) < 0)
@@ -568,32 +564,25 @@ open_frame_further(ProfilerObject *self, ThreadRecord *thread, void *key,
         self->out_of_memory = 1;
         return 0;
     }
-    push_frame(self, thread, node, call, now);
+    push_frame(self, thread, edge->child, call, now);
     return 0;
 }
 
 /* Opens a frame of `key` on `thread`'s stack.  Returns 0.  Its most
-   frequent cases are inline, the others a tail call: the callbacks then
+   frequent case is inline, the others a tail call: the callbacks then
    need no registers saved on their way. */
 static inline Py_ALWAYS_INLINE int
 open_frame(ProfilerObject *self, ThreadRecord *thread, void *key,
            PyObject *source, int call, int64_t now)
 {
-    int32_t index = thread->stack[thread->depth - 1].node;
-    Node *parent = &self->nodes[index];
-    int32_t node = parent->last_child;
-    if (parent->last_key != key) {
-        node = child_at_first_place(self, index, key);
-        if (node < 0) {
-            return open_frame_further(self, thread, key, source, call, now);
-        }
-        parent->last_key = key;
-        parent->last_child = node;
-    }
-    if (thread->depth == thread->capacity) {
+    int32_t parent = thread->stack[thread->depth - 1].node;
+    CachedEdge *edge = cached_edge(self, parent, key);
+    if (edge->key != key || edge->parent != parent
+        || thread->depth == thread->capacity)
+    {
         return open_frame_further(self, thread, key, source, call, now);
     }
-    push_frame(self, thread, node, call, now);
+    push_frame(self, thread, edge->child, call, now);
     return 0;
 }
 
@@ -1146,6 +1135,7 @@ clear_records(ProfilerObject *self)
     self->nodes = NULL;
     self->nnodes = self->nodes_capacity = 0;
     table_clear(&self->node_table);
+    memset(self->edge_cache, 0, sizeof(self->edge_cache));
     for (int32_t i = 0; i < self->nfunctions; i++) {
         Py_DECREF(self->functions[i].label);
     }
