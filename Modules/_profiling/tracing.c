@@ -841,26 +841,9 @@ localize(module_state *state, PyCodeObject *code)
         } \
     } while (0)
 
-/* What identifies a C function the profilers time, or NULL: as in
-   3.11, built-in functions and methods, and method descriptors called
-   with their object. */
-static inline void *
-c_function_key(PyObject *callable, PyObject *arg0)
-{
-    PyTypeObject *type = Py_TYPE(callable);
-    if (type == &PyMethodDescr_Type) {
-        return arg0 != _PyMonitoring_MISSING
-               ? ((PyMethodDescrObject *)callable)->d_method : NULL;
-    }
-    if (type == &PyCFunction_Type || type == &PyCMethod_Type
-        || (type != &PyType_Type && PyCFunction_Check(callable)))
-    {
-        return ((PyCFunctionObject *)callable)->m_ml;
-    }
-    return NULL;
-}
-
-/* c_function_key() for the two most frequent types, or NULL. */
+/* What identifies a C function the profilers time, for the two most
+   frequent types (NULL for the others): a built-in function's method
+   definition, and a method descriptor's when called with its object. */
 static inline void *
 quick_c_function_key(PyObject *callable, PyObject *arg0)
 {
@@ -870,6 +853,23 @@ quick_c_function_key(PyObject *callable, PyObject *arg0)
     }
     if (type == &PyMethodDescr_Type && arg0 != _PyMonitoring_MISSING) {
         return ((PyMethodDescrObject *)callable)->d_method;
+    }
+    return NULL;
+}
+
+/* The same for every type, or NULL: as in 3.11, built-in functions and
+   methods, and method descriptors called with their object. */
+static inline void *
+c_function_key(PyObject *callable, PyObject *arg0)
+{
+    PyTypeObject *type = Py_TYPE(callable);
+    if (type == &PyCFunction_Type || type == &PyMethodDescr_Type) {
+        return quick_c_function_key(callable, arg0);
+    }
+    if (type == &PyCMethod_Type
+        || (type != &PyType_Type && PyCFunction_Check(callable)))
+    {
+        return ((PyCFunctionObject *)callable)->m_ml;
     }
     return NULL;
 }
