@@ -1474,14 +1474,15 @@ node_totals(ProfilerObject *self, module_state *state,
             }
         }
     }
+    /* Children come after their parents in the array: a parent's own
+       share is set before its children take theirs from it. */
     for (int32_t i = 0; i < n; i++) {
         totals[i].own_ticks = totals[i].ticks;
         totals[i].own_allocated = totals[i].allocated;
         totals[i].own_retained = totals[i].retained;
-    }
-    for (int32_t i = 0; i < n; i++) {
         int32_t parent = self->nodes[i].parent;
         if (parent >= 0) {
+            assert(parent < i);
             totals[parent].own_ticks -= totals[i].ticks;
             totals[parent].own_allocated -= totals[i].allocated;
             totals[parent].own_retained -= totals[i].retained;
