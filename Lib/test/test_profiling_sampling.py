@@ -57,6 +57,11 @@ def three_shares(units):
     return total
 
 
+def thread_name(tid):
+    with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+        return f.read().rstrip("\n")
+
+
 def split_work(rounds):
     for _ in range(rounds):
         one_share(1)
@@ -789,6 +794,29 @@ class ProcessTests(unittest.TestCase):
             signal.raise_signal(signal.SIGUSR1)
             writer.join()
         self.assertEqual(received, [signal.SIGUSR1])
+
+    @unittest.skipUnless(sys.platform == "linux", "Linux only")
+    def test_sampler_keeps_off_the_cpu_of_the_running_thread(self):
+        # Woken on the CPU of the thread holding the GIL, the sampler
+        # thread would preempt it at every tick: it moves to the others.
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < 2:
+            self.skipTest("needs two CPUs")
+        first = min(cpus)
+        self.addCleanup(os.sched_setaffinity, 0, cpus)
+        with Sampler(1000, all_threads=True):
+            [sampler] = [tid for tid in os.listdir("/proc/self/task")
+                         if thread_name(tid) == "sampler"]
+            # This thread (0 is the calling thread) runs on the first CPU
+            # only, and the sampler is put there too.
+            os.sched_setaffinity(0, {first})
+            os.sched_setaffinity(int(sampler), {first})
+            deadline = time.monotonic() + support.SHORT_TIMEOUT
+            while (first in os.sched_getaffinity(int(sampler))
+                   and time.monotonic() < deadline):
+                work(1)
+            self.assertEqual(os.sched_getaffinity(int(sampler)),
+                             cpus - {first})
 
     def test_sampler_left_running_at_exit(self):
         code = textwrap.dedent("""
