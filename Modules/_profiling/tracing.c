@@ -862,16 +862,15 @@ quick_c_function_key(PyObject *callable, PyObject *arg0)
 static inline void *
 c_function_key(PyObject *callable, PyObject *arg0)
 {
-    PyTypeObject *type = Py_TYPE(callable);
-    if (type == &PyCFunction_Type || type == &PyMethodDescr_Type) {
-        return quick_c_function_key(callable, arg0);
-    }
-    if (type == &PyCMethod_Type
-        || (type != &PyType_Type && PyCFunction_Check(callable)))
+    void *key = quick_c_function_key(callable, arg0);
+    if (key == NULL && Py_TYPE(callable) != &PyType_Type
+        && PyCFunction_Check(callable))
     {
-        return ((PyCFunctionObject *)callable)->m_ml;
+        /* A subclass of builtin_function_or_method: PyCMethod_Type, or
+           an extension's. */
+        key = ((PyCFunctionObject *)callable)->m_ml;
     }
-    return NULL;
+    return key;
 }
 
 /* The events.  Each is defined once, by `op`: an int expression
