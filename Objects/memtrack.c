@@ -50,6 +50,7 @@ static _Atomic Py_ssize_t other_peak;
 /* Every tally, types' and names', for sys to read. */
 static _Py_memtally *tallies;
 static size_t ntallies;
+static uint64_t tally_serials;
 static _Py_memtally *free_tallies;
 
 /* The table starts empty, with two slots that are never written. */
@@ -78,10 +79,17 @@ _PyMemTrack_TotalBytes(void)
             + atomic_load_explicit(&stack_bytes, RELAXED));
 }
 
+static Py_ssize_t count_objects(void);
+
 static Py_ssize_t
 total_blocks(void)
 {
-    return (_PyMemTrack_VisitPools(NULL, NULL) + large_blocks
+    Py_ssize_t locked_blocks = count_objects();
+    if (locked_blocks < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return (locked_blocks
             + atomic_load_explicit(&raw_blocks, RELAXED)
             + atomic_load_explicit(&stack_chunks, RELAXED));
 }
@@ -203,6 +211,7 @@ new_tally(void)
         }
     }
     memset(t, 0, sizeof(*t));
+    t->serial = ++tally_serials;
     ntallies++;
     t->next = tallies;
     if (tallies != NULL) {
@@ -979,13 +988,13 @@ report(PyObject *dict, PyObject *key, Py_ssize_t value)
 }
 
 /* The object in a block in a pool that is neither marked as data nor
-   freed; NULL if there is none after all (see _Py_memtrack_types).  The
-   object starts after what its type puts before an object (the GC header,
-   the managed dict), and before that the block holds no type: those words
-   are the GC header's link to the previous object (with flag bits) and
-   the managed dict's pointers. */
+   freed, with its type's tally; NULL if there is none after all (see
+   _Py_memtrack_types).  The object starts after what its type puts before
+   an object (the GC header, the managed dict), and before that the block
+   holds no type: those words are the GC header's link to the previous
+   object (with flag bits) and the managed dict's pointers. */
 static PyObject *
-pooled_object(uintptr_t block, size_t size)
+pooled_object(uintptr_t block, size_t size, _Py_memtally **tally)
 {
     /* The block starts before what the domain handed out by the pad. */
     block += _Py_memtrack.hooks_pad;
@@ -995,35 +1004,39 @@ pooled_object(uintptr_t block, size_t size)
          pre += 2 * sizeof(PyObject *))
     {
         PyObject *op = (PyObject *)(block + pre);
-        if (_PyMemTrack_TallyOf(Py_TYPE(op)) != NULL
-            && _PyType_PreHeaderSize(Py_TYPE(op)) == pre)
-        {
+        _Py_memtally *t = _PyMemTrack_TallyOf(Py_TYPE(op));
+        if (t != NULL && _PyType_PreHeaderSize(Py_TYPE(op)) == pre) {
+            *tally = t;
             return op;
         }
     }
     return NULL;
 }
 
-/* The object in an allocated pooled block; NULL for none. */
+/* The object in an allocated pooled block, with its type's tally; NULL
+   for none. */
 static PyObject *
-object_in_block(uintptr_t block, size_t size)
+object_in_block(uintptr_t block, size_t size, _Py_memtally **tally)
 {
     if (_PyMemTrack_IsData(block)
         || ((uintptr_t *)block)[1] == _PyMemTrack_FREED)
     {
         return NULL;
     }
-    return pooled_object(block, size);
+    return pooled_object(block, size, tally);
 }
 
-/* What the walk found in a pool when it last looked: how many objects of
-   each type, in the order it met them.  A pool holds few types, often
-   one. */
+/* What the walk found in a pool when it last looked: its blocks, and how
+   many objects of each type, in the order it met them.  A pool holds few
+   types, often one. */
 typedef struct {
+    Py_ssize_t blocks;
+    size_t size;
     uint32_t length;
     uint32_t capacity;
     struct {
         PyTypeObject *type;
+        uint64_t serial;
         Py_ssize_t count;
     } entries[];
 } pool_memo;
@@ -1031,12 +1044,66 @@ typedef struct {
 /* By pool number; raw memory, as the other tables here. */
 static pool_memo **memos;
 static size_t memos_length;
+/* The sum of the memos' blocks. */
+static Py_ssize_t pooled_blocks;
 
+/* The list of changed pools (pycore_memtrack.h).  Its room covers every
+   pool whose byte is clear: a walk makes room for all the numbers there
+   are before it clears any byte (and empties the list), and so does
+   listing a pool set up since.  A number may be listed twice (its pool
+   changed, its arena was given back, and another was made at its index),
+   or the list given up: the walk then looks into every pool.  So it does
+   at first. */
+struct _Py_memtrack_changed_pools _Py_memtrack_changed;
+static size_t changed_capacity;
+static int changed_unlisted = 1;
+
+/* Room for `extra` numbers more than the list holds, and for one for each
+   pool there can be; -1 without memory. */
+static int
+make_room_for_changes(size_t extra)
+{
+    size_t needed = _Py_memtrack_changed.length + extra
+                    + _PyMemTrack_PoolNumbers();
+    if (needed <= changed_capacity) {
+        return 0;
+    }
+    size_t capacity = Py_MAX(needed, 2 * changed_capacity);
+    size_t *grown = PyObject_RAW_REALLOC(_Py_memtrack_changed.numbers,
+                                         capacity * sizeof(size_t));
+    if (grown == NULL) {
+        return -1;
+    }
+    _Py_memtrack_changed.numbers = grown;
+    changed_capacity = capacity;
+    return 0;
+}
+
+void
+_PyMemTrack_PoolSetUp(struct pool_header *pool)
+{
+    pool->memtrack_changed = 1;
+    if (changed_unlisted) {
+        return;
+    }
+    /* More numbers listed than there are pools: given up. */
+    if (_Py_memtrack_changed.length >= _PyMemTrack_PoolNumbers()
+        || make_room_for_changes(1) < 0)
+    {
+        _Py_memtrack_changed.length = 0;
+        changed_unlisted = 1;
+        return;
+    }
+    _Py_memtrack_changed.numbers[_Py_memtrack_changed.length++] =
+        _PyMemTrack_PoolNumber(pool);
+}
+
+/* Count an object of t's type in memo, whose entry is then at *index. */
 static pool_memo *
-memo_add(pool_memo *memo, PyTypeObject *type)
+memo_add(pool_memo *memo, _Py_memtally *t, uint32_t *index)
 {
     uint32_t i = 0;
-    while (i < memo->length && memo->entries[i].type != type) {
+    while (i < memo->length && memo->entries[i].type != t->type) {
         i++;
     }
     if (i == memo->length) {
@@ -1051,11 +1118,13 @@ memo_add(pool_memo *memo, PyTypeObject *type)
             memo = grown;
             memo->capacity = capacity;
         }
-        memo->entries[i].type = type;
+        memo->entries[i].type = t->type;
+        memo->entries[i].serial = t->serial;
         memo->entries[i].count = 0;
         memo->length++;
     }
     memo->entries[i].count++;
+    *index = i;
     return memo;
 }
 
@@ -1073,45 +1142,177 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
         }
         memo->capacity = capacity;
     }
+    memo->size = size;
     memo->length = 0;
+    /* A pool holds mostly objects of one type.  After an object that
+       starts its block, the next block is first tried for another of its
+       type, where pooled_object() would look first. */
+    uint32_t last = UINT32_MAX;
+    const uintptr_t pad = _Py_memtrack.hooks_pad;
+    const size_t type_at = pad + offsetof(PyObject, ob_type);
     for (uintptr_t b = first; b < end; b += size) {
-        PyObject *op = object_in_block(b, size);
+        if (last != UINT32_MAX
+            && *(PyTypeObject **)(b + type_at) == memo->entries[last].type
+            && !_PyMemTrack_IsData(b)
+            && ((uintptr_t *)b)[1] != _PyMemTrack_FREED)
+        {
+            memo->entries[last].count++;
+            continue;
+        }
+        _Py_memtally *t;
+        PyObject *op = object_in_block(b, size, &t);
         if (op != NULL) {
-            pool_memo *grown = memo_add(memo, Py_TYPE(op));
+            uint32_t i;
+            pool_memo *grown = memo_add(memo, t, &i);
             if (grown == NULL) {
                 PyObject_RAW_FREE(memo);
                 return NULL;
             }
             memo = grown;
+            last = (uintptr_t)op == b + pad ? i : UINT32_MAX;
         }
     }
     return memo;
 }
 
-/* The slot for a pool's memo; NULL without memory. */
-static pool_memo **
-memo_slot(size_t number)
+/* Add a memo to the sums (sign 1), or take it away (-1).  A type freed
+   since the walk looked counts nothing, nor does another type made at
+   its address since. */
+static void
+sum_memo(pool_memo *memo, int sign)
 {
-    if (number >= memos_length) {
+    pooled_blocks += sign * memo->blocks;
+    for (uint32_t i = 0; i < memo->length; i++) {
+        _Py_memtally *t = _PyMemTrack_TallyOf(memo->entries[i].type);
+        if (t != NULL && t->serial == memo->entries[i].serial) {
+            Py_ssize_t count = sign * memo->entries[i].count;
+            t->pooled_objects += count;
+            t->pooled_bytes += count * (Py_ssize_t)memo->size;
+        }
+    }
+}
+
+static void
+look_into_visited(uintptr_t first, uintptr_t end, size_t size,
+                  uint8_t *Py_UNUSED(changed), void *arg)
+{
+    pool_memo **memo = arg;
+    *memo = look_into_pool(*memo, first, end, size);
+}
+
+/* Look again into a pool, by number. */
+static void
+relook_pool(size_t number)
+{
+    pool_memo *memo = number < memos_length ? memos[number] : NULL;
+    if (memo != NULL) {
+        sum_memo(memo, -1);
+        memos[number] = NULL;
+    }
+    pool_memo *fresh = memo;
+    Py_ssize_t blocks = _PyMemTrack_VisitPool(number, look_into_visited,
+                                              &fresh);
+    if (blocks == 0) {
+        /* No pool, or an empty one, unvisited. */
+        if (fresh != NULL) {
+            PyObject_RAW_FREE(fresh);
+        }
+        return;
+    }
+    if (fresh != NULL && number >= memos_length) {
         size_t length = Py_MAX(2 * memos_length, number + 1);
         pool_memo **grown = PyObject_RAW_REALLOC(memos,
                                                  length * sizeof(*memos));
         if (grown == NULL) {
-            return NULL;
+            PyObject_RAW_FREE(fresh);
+            fresh = NULL;
         }
-        memset(grown + memos_length, 0,
-               (length - memos_length) * sizeof(*memos));
-        memos = grown;
-        memos_length = length;
+        else {
+            memset(grown + memos_length, 0,
+                   (length - memos_length) * sizeof(*memos));
+            memos = grown;
+            memos_length = length;
+        }
     }
-    return &memos[number];
+    if (fresh == NULL) {
+        /* Without memory: its objects count nowhere until all the pools
+           are looked into again. */
+        changed_unlisted = 1;
+        return;
+    }
+    fresh->blocks = blocks;
+    sum_memo(fresh, 1);
+    memos[number] = fresh;
+}
+
+#ifdef Py_DEBUG
+/* The cross-check: the sums are what a fresh look into every pool finds,
+   and no pool is left changed. */
+static void
+check_visited(uintptr_t first, uintptr_t end, size_t size, uint8_t *changed,
+              void *Py_UNUSED(arg))
+{
+    assert(!*changed);
+    for (uintptr_t b = first; b < end; b += size) {
+        _Py_memtally *t;
+        if (object_in_block(b, size, &t) != NULL) {
+            t->checked_objects++;
+            t->checked_bytes += (Py_ssize_t)size;
+        }
+    }
+}
+
+static void
+check_sums(void)
+{
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        t->checked_objects = t->checked_bytes = 0;
+    }
+    Py_ssize_t blocks = _PyMemTrack_VisitPools(check_visited, NULL);
+    assert(blocks == pooled_blocks);
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        assert(t->checked_objects == t->pooled_objects);
+        assert(t->checked_bytes == t->pooled_bytes);
+    }
+}
+#endif
+
+/* Bring the sums up to date: look again into the pools that changed; -1
+   without memory. */
+static int
+look_into_changed_pools(void)
+{
+    if (make_room_for_changes(0) < 0) {
+        return -1;
+    }
+    /* Its use is known now, or never will be. */
+    _PyMemTrack_ForgetLastBlock();
+    /* Looking allocates nothing from the pools: the list stays. */
+    size_t *numbers = _Py_memtrack_changed.numbers;
+    if (changed_unlisted) {
+        changed_unlisted = 0;
+        size_t n = Py_MAX(memos_length, _PyMemTrack_PoolNumbers());
+        for (size_t number = 0; number < n; number++) {
+            relook_pool(number);
+        }
+    }
+    else {
+        for (size_t i = 0; i < _Py_memtrack_changed.length; i++) {
+            relook_pool(numbers[i]);
+        }
+    }
+    _Py_memtrack_changed.length = 0;
+#ifdef Py_DEBUG
+    if (!changed_unlisted) {
+        check_sums();
+    }
+#endif
+    return 0;
 }
 
 static void
 count_objects_as(PyTypeObject *type, Py_ssize_t count, size_t size)
 {
-    /* A type freed since the pool was looked into counts nothing (the
-       walk would not read it either). */
     _Py_memtally *t = _PyMemTrack_TallyOf(type);
     if (t != NULL) {
         t->object_bytes += count * (Py_ssize_t)size;
@@ -1119,98 +1320,25 @@ count_objects_as(PyTypeObject *type, Py_ssize_t count, size_t size)
     }
 }
 
-/* Count the objects in a pool, from what the walk remembers of it unless
-   it changed since. */
-static void
-count_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
-           uint8_t *changed, void *Py_UNUSED(arg))
-{
-    pool_memo **slot = memo_slot(number);
-    pool_memo *memo = NULL;
-    if (slot != NULL) {
-        memo = *slot;
-        if (memo == NULL || *changed) {
-            memo = *slot = look_into_pool(memo, first, end, size);
-            if (memo != NULL) {
-                *changed = 0;
-            }
-        }
-    }
-    if (memo == NULL) {
-        /* Without memory: count them one by one, and look again next
-           time. */
-        for (uintptr_t b = first; b < end; b += size) {
-            PyObject *op = object_in_block(b, size);
-            if (op != NULL) {
-                count_objects_as(Py_TYPE(op), 1, size);
-            }
-        }
-        return;
-    }
-    for (uint32_t i = 0; i < memo->length; i++) {
-        count_objects_as(memo->entries[i].type, memo->entries[i].count, size);
-    }
-}
-
-#ifdef Py_DEBUG
-/* How many objects of type a memo counts, if the type is still live. */
-static Py_ssize_t
-memo_count(pool_memo *memo, PyTypeObject *type)
-{
-    for (uint32_t i = 0; i < memo->length; i++) {
-        if (memo->entries[i].type == type) {
-            return _PyMemTrack_TallyOf(type) ? memo->entries[i].count : 0;
-        }
-    }
-    return 0;
-}
-
-/* Check what the walk remembers of an unchanged pool against a fresh
-   look: whatever the allocator and objects did since, they said so. */
-static void
-check_pool(size_t number, uintptr_t first, uintptr_t end, size_t size,
-           uint8_t *changed, void *Py_UNUSED(arg))
-{
-    if (*changed || number >= memos_length || memos[number] == NULL) {
-        return;         /* the walk could not remember it */
-    }
-    pool_memo *memo = memos[number];
-    pool_memo *fresh = look_into_pool(NULL, first, end, size);
-    if (fresh == NULL) {
-        return;
-    }
-    for (uint32_t i = 0; i < memo->length; i++) {
-        PyTypeObject *type = memo->entries[i].type;
-        assert(memo_count(memo, type) == memo_count(fresh, type));
-    }
-    for (uint32_t i = 0; i < fresh->length; i++) {
-        PyTypeObject *type = fresh->entries[i].type;
-        assert(memo_count(memo, type) == memo_count(fresh, type));
-    }
-    PyObject_RAW_FREE(fresh);
-}
-#endif
-
 /* Count every object under its type, as it is now; return how many blocks
-   the mem and object domains hold. */
+   the mem and object domains hold, or -1 without memory. */
 static Py_ssize_t
 count_objects(void)
 {
-    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
-        t->object_bytes = 0;
-        t->objects = 0;
+    if (look_into_changed_pools() < 0) {
+        return -1;
     }
-    Py_ssize_t pooled = _PyMemTrack_VisitPools(count_pool, NULL);
-#ifdef Py_DEBUG
-    (void)_PyMemTrack_VisitPools(check_pool, NULL);
-#endif
+    for (_Py_memtally *t = tallies; t != NULL; t = t->next) {
+        t->object_bytes = t->pooled_bytes;
+        t->objects = t->pooled_objects;
+    }
     for (size_t i = 0; large_count > 0 && i <= large_mask; i++) {
         large_block *entry = &large_table[i];
         if (entry->op != NULL) {
             count_objects_as(Py_TYPE(entry->op), 1, entry->size);
         }
     }
-    return pooled + large_blocks;
+    return pooled_blocks + large_blocks;
 }
 
 typedef struct {
@@ -1220,12 +1348,13 @@ typedef struct {
 } object_visit;
 
 static void
-visit_pool_objects(size_t Py_UNUSED(number), uintptr_t first, uintptr_t end,
-                   size_t size, uint8_t *Py_UNUSED(changed), void *arg)
+visit_pool_objects(uintptr_t first, uintptr_t end, size_t size,
+                   uint8_t *Py_UNUSED(changed), void *arg)
 {
     object_visit *v = arg;
     for (uintptr_t b = first; b < end && !v->stop; b += size) {
-        PyObject *op = object_in_block(b, size);
+        _Py_memtally *t;
+        PyObject *op = object_in_block(b, size, &t);
         if (op != NULL) {
             v->stop = v->visit(op, v->arg);
         }
@@ -1253,6 +1382,9 @@ usage_by_tag(int blocks, int by_type)
        first, then report the copy.  The copy holds its types: the dict may
        set off a collection, which may free them. */
     Py_ssize_t locked_blocks = count_objects();
+    if (locked_blocks < 0) {
+        return PyErr_NoMemory();
+    }
     size_t n = ntallies;
     struct {
         PyTypeObject *type;
@@ -1349,7 +1481,9 @@ add_by_name(name_sum *sums, size_t mask, const char *name, Py_ssize_t bytes)
 Py_ssize_t
 _PyMemTrack_TopTags(_PyMemTrack_TagBytes *top, Py_ssize_t n)
 {
-    (void)count_objects();
+    if (count_objects() < 0) {
+        return -1;
+    }
     /* Types may share a name (classes made by a function): their bytes
        are summed by name, as sys.type_memory_usage() does, before the
        largest are picked. */

@@ -16,11 +16,12 @@ extern "C" {
    of the few objects outside the pools) and reads each object's type
    then.  So the hot paths never touch a type's tally, a free list needs
    no bookkeeping, and a block counts as an object's exactly as long as it
-   is allocated.  The walk remembers what it found in each pool, and looks
-   again only into pools whose blocks changed since (a byte in the pool's
-   header, set where a block is handed out, freed or marked, or an
-   object's __class__ assigned), so that a reading costs in proportion to
-   what changed, not to the heap.  Buffers an object owns
+   is allocated.  The walk remembers what it found in each pool, and keeps
+   the sums by type; it looks again only into the pools whose blocks
+   changed since (a byte in the pool's header, set where a block is handed
+   out, freed or marked, or an object's __class__ assigned, puts the pool
+   on a list), so that a reading costs in proportion to what changed, not
+   to the heap.  Buffers an object owns
    (list items, dict tables, ...) are fewer: their owners claim them for
    their type's tally.  The anonymous tag is what no one has claimed and
    no object is in.
@@ -57,12 +58,20 @@ extern "C" {
 typedef size_t (*_PyMemTrack_OwnedBytesFunc)(PyObject *op);
 
 /* What a type's objects own, or what a name given to the tracked-malloc
-   API holds; and, while sys reads them, the type's objects. */
+   API holds; the type's objects in the pools as the walk last saw them;
+   and, while sys reads them, all the type's objects. */
 typedef struct _Py_memtally {
     Py_ssize_t bytes;
     Py_ssize_t blocks;
+    Py_ssize_t pooled_bytes;
+    Py_ssize_t pooled_objects;
     Py_ssize_t object_bytes;
     Py_ssize_t objects;
+    /* Tells this tally from those of types that had the same address. */
+    uint64_t serial;
+#ifdef Py_DEBUG
+    Py_ssize_t checked_bytes, checked_objects;      /* memtrack.c's check */
+#endif
     PyTypeObject *type;             /* NULL for a name */
     char *name;                     /* a name's own copy */
     _PyMemTrack_OwnedBytesFunc owned_bytes;     /* or NULL */
@@ -170,11 +179,43 @@ _PyMemTrack_MapBit(uintptr_t block)
     return (uint8_t)(1u << ((block >> _PyObmalloc_GRANULE_SHIFT) % 8));
 }
 
+/* A pool's number: its arena's index, and its slot in the span of
+   addresses the arena covers (an arena need not start at a multiple of
+   its size, but its pools fall in distinct slots all the same).  The same
+   number while the pool lasts. */
+#define _PyMemTrack_SLOT_BITS (_PyObmalloc_ARENA_BITS - _PyObmalloc_POOL_BITS)
+
+static inline size_t
+_PyMemTrack_PoolNumber(struct pool_header *pool)
+{
+    return ((size_t)pool->arenaindex << _PyMemTrack_SLOT_BITS
+            | (((uintptr_t)pool >> _PyObmalloc_POOL_BITS)
+               & (((size_t)1 << _PyMemTrack_SLOT_BITS) - 1)));
+}
+
+/* The numbers of the pools whose changed byte was set since the walk
+   looked into them, so that it looks into no other.  There is always room
+   for every pool whose byte is clear (see memtrack.c), so that setting the
+   byte takes no call. */
+struct _Py_memtrack_changed_pools {
+    size_t *numbers;
+    size_t length;
+};
+PyAPI_DATA(struct _Py_memtrack_changed_pools) _Py_memtrack_changed;
+
 static inline void
 _PyMemTrack_PoolChanged(uintptr_t block)
 {
-    _PyMemTrack_PoolOf(block)->memtrack_changed = 1;
+    struct pool_header *pool = _PyMemTrack_PoolOf(block);
+    if (!pool->memtrack_changed) {
+        pool->memtrack_changed = 1;
+        _Py_memtrack_changed.numbers[_Py_memtrack_changed.length++] =
+            _PyMemTrack_PoolNumber(pool);
+    }
 }
+
+/* pymalloc sets up a pool in an arena (whose memory may hold anything). */
+extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
 
 /* Whether a block in a pool is marked as holding data. */
 static inline int
@@ -377,16 +418,23 @@ extern void _Py_NewReferenceFromFreeList(PyObject *op);
    the block's size in *size; 0 for an address outside the pools' blocks. */
 extern uintptr_t _PyObject_PooledBlock(uintptr_t p, size_t *size);
 
+/* Below this are the numbers of all the pools there can be now. */
+extern size_t _PyMemTrack_PoolNumbers(void);
+
 /* For sys.type_memory_usage(): visit each pool that has blocks allocated,
-   numbered (the same number while the pool lasts), with the span of its
-   blocks that were ever handed out (each allocated, or stamped as freed),
-   their size, and its changed byte, which the visitor clears once it
-   remembers what the pool holds; and count the blocks in the pools. */
-typedef void (*_PyMemTrack_poolfunc)(size_t number, uintptr_t first,
-                                     uintptr_t end, size_t size,
-                                     uint8_t *changed, void *arg);
+   with the span of its blocks that were ever handed out (each allocated,
+   or stamped as freed), their size, and its changed byte; and count the
+   blocks in the pools.  The second visits one pool by its number (see
+   _PyMemTrack_PoolNumber()), clearing its changed byte if the pool is set
+   up; it returns the blocks allocated there (0 for no pool, unvisited). */
+typedef void (*_PyMemTrack_poolfunc)(uintptr_t first, uintptr_t end,
+                                     size_t size, uint8_t *changed,
+                                     void *arg);
 extern Py_ssize_t _PyMemTrack_VisitPools(_PyMemTrack_poolfunc visit,
                                          void *arg);
+extern Py_ssize_t _PyMemTrack_VisitPool(size_t number,
+                                        _PyMemTrack_poolfunc visit,
+                                        void *arg);
 
 /* object.__class__ was assigned. */
 extern void _PyMemTrack_ClassAssigned(PyObject *op);

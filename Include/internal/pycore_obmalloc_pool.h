@@ -11,11 +11,14 @@ extern "C" {
 /* pymalloc's pools, as obmalloc.c lays them out (it checks that these
    agree with its own settings) and as memory tracking (pycore_memtrack.h)
    reads them in place: a pool's size class, and the marks the tracking
-   keeps in its header.  Pools hold blocks in multiples of a granule. */
+   keeps in its header.  Arenas hold pools, and pools hold blocks in
+   multiples of a granule. */
 #if SIZEOF_VOID_P > 4
+#  define _PyObmalloc_ARENA_BITS 20
 #  define _PyObmalloc_POOL_BITS 14
 #  define _PyObmalloc_GRANULE_SHIFT 4
 #else
+#  define _PyObmalloc_ARENA_BITS 18
 #  define _PyObmalloc_POOL_BITS 12
 #  define _PyObmalloc_GRANULE_SHIFT 3
 #endif

@@ -16,6 +16,7 @@ import time
 import unittest
 import warnings
 import weakref
+from test import support
 from test.support import import_helper, script_helper
 
 if not hasattr(sys, "total_memory_used"):
@@ -284,6 +285,50 @@ class MemtrackTests(unittest.TestCase):
         counts = sys.type_allocation_counts(by_type=True)
         self.assertNotIn(A, counts)
         self.assertNotIn(B, counts)
+
+    @support.skip_if_sanitizer("AddressSanitizer's malloc() does not give a"
+                               " freed block back soon", address=True)
+    def test_class_made_where_a_dead_class_was(self):
+        # A reading remembers the pools of a class's instances.  The class
+        # and its instances die, and a new class is made at its address,
+        # before the next reading: the instances' pools, looked into again,
+        # take nothing from the new class.
+        def make(name):
+            return type(name, (), {"__slots__": ()})
+        reused = 0
+        for _ in range(20):
+            old = make("Sightglass_Old")
+            objs = [old() for _ in range(500)]
+            self.assertEqual(
+                sys.type_allocation_counts(by_type=True)[old], 500)
+            address = id(old)
+            del objs, old
+            gc.collect()
+            new = make("Sightglass_New")
+            if id(new) != address:
+                continue
+            reused += 1
+            objs = [new() for _ in range(7)]
+            counts = sys.type_allocation_counts(by_type=True)
+            self.assertEqual(counts[new], 7)
+            self.assertNotIn("Sightglass_Old", sys.type_allocation_counts())
+            del objs, new, counts
+        # malloc() gives a freed block back for the next request of its
+        # size, most of the time.
+        self.assertGreater(reused, 0)
+
+    def test_arenas_given_back_and_made_again(self):
+        # Between two readings, arenas fill, empty and are made again, at
+        # the same indexes, many times over: each time their pools are
+        # listed as changed again (until the list is given up for a look
+        # into every pool).  The reading after counts what is there.
+        before = sys.type_allocation_counts()["bytes"]
+        for _ in range(40):
+            objs = [bytes(400) for _ in range(20_000)]     # 9 arenas
+            del objs
+        objs = [bytes(400) for _ in range(100)]
+        self.assertEqual(sys.type_allocation_counts()["bytes"], before + 100)
+        del objs
 
     def test_finalizer_assigning_class(self):
         class A:
