@@ -1013,14 +1013,21 @@ pooled_object(uintptr_t block, size_t size, _Py_memtally **tally)
     return NULL;
 }
 
+/* Whether an allocated pooled block may hold an object: it is neither
+   marked as data nor stamped as freed. */
+static inline int
+may_hold_object(uintptr_t block)
+{
+    return (!_PyMemTrack_IsData(block)
+            && ((uintptr_t *)block)[1] != _PyMemTrack_FREED);
+}
+
 /* The object in an allocated pooled block, with its type's tally; NULL
    for none. */
 static PyObject *
 object_in_block(uintptr_t block, size_t size, _Py_memtally **tally)
 {
-    if (_PyMemTrack_IsData(block)
-        || ((uintptr_t *)block)[1] == _PyMemTrack_FREED)
-    {
+    if (!may_hold_object(block)) {
         return NULL;
     }
     return pooled_object(block, size, tally);
@@ -1153,8 +1160,7 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
     for (uintptr_t b = first; b < end; b += size) {
         if (last != UINT32_MAX
             && *(PyTypeObject **)(b + type_at) == memo->entries[last].type
-            && !_PyMemTrack_IsData(b)
-            && ((uintptr_t *)b)[1] != _PyMemTrack_FREED)
+            && may_hold_object(b))
         {
             memo->entries[last].count++;
             continue;
@@ -1192,6 +1198,25 @@ sum_memo(pool_memo *memo, int sign)
     }
 }
 
+/* The slot for a pool's memo; NULL without memory. */
+static pool_memo **
+memo_slot(size_t number)
+{
+    if (number >= memos_length) {
+        size_t length = Py_MAX(2 * memos_length, number + 1);
+        pool_memo **grown = PyObject_RAW_REALLOC(memos,
+                                                 length * sizeof(*memos));
+        if (grown == NULL) {
+            return NULL;
+        }
+        memset(grown + memos_length, 0,
+               (length - memos_length) * sizeof(*memos));
+        memos = grown;
+        memos_length = length;
+    }
+    return &memos[number];
+}
+
 static void
 look_into_visited(uintptr_t first, uintptr_t end, size_t size,
                   uint8_t *Py_UNUSED(changed), void *arg)
@@ -1219,30 +1244,19 @@ relook_pool(size_t number)
         }
         return;
     }
-    if (fresh != NULL && number >= memos_length) {
-        size_t length = Py_MAX(2 * memos_length, number + 1);
-        pool_memo **grown = PyObject_RAW_REALLOC(memos,
-                                                 length * sizeof(*memos));
-        if (grown == NULL) {
-            PyObject_RAW_FREE(fresh);
-            fresh = NULL;
-        }
-        else {
-            memset(grown + memos_length, 0,
-                   (length - memos_length) * sizeof(*memos));
-            memos = grown;
-            memos_length = length;
-        }
-    }
-    if (fresh == NULL) {
+    pool_memo **slot = fresh != NULL ? memo_slot(number) : NULL;
+    if (slot == NULL) {
         /* Without memory: its objects count nowhere until all the pools
            are looked into again. */
+        if (fresh != NULL) {
+            PyObject_RAW_FREE(fresh);
+        }
         changed_unlisted = 1;
         return;
     }
     fresh->blocks = blocks;
     sum_memo(fresh, 1);
-    memos[number] = fresh;
+    *slot = fresh;
 }
 
 #ifdef Py_DEBUG
