@@ -398,9 +398,14 @@ static inline void
 _PyMemTrack_NewObject(PyObject *op)
 {
     /* The usual case: made in the block pymalloc handed out last, which
-       stays unmarked. */
-    uintptr_t block = _PyMemTrack_ObjectBlock(op);
-    if (block == _Py_memtrack.last_block) {
+       stays unmarked.  An object found at the block's start needs no look
+       at its type (an int, a str: most objects made): an object whose
+       type puts a header before it cannot start there, as the header
+       would then lie outside the block. */
+    uintptr_t last = _Py_memtrack.last_block;
+    uintptr_t at = (uintptr_t)op - _Py_memtrack.hooks_pad;
+    if (at == last || at - _PyType_PreHeaderSize(Py_TYPE(op)) == last) {
+        assert(at != last || _PyType_PreHeaderSize(Py_TYPE(op)) == 0);
         _Py_memtrack.last_block = 0;
     }
     else {
