@@ -1,6 +1,7 @@
 """The sampling profiler's numbers: overhead, rates achieved, cost per sample.
 
   python3 bench/sampling.py [--python PY ...] [--rounds N] [--set programs]
+                            [--sampler NAME ...]
 
 For each interpreter given (default: this one), in a process of its own:
 
@@ -18,7 +19,10 @@ For each interpreter given (default: this one), in a process of its own:
 Sightglass's sampler is profiling.sampling.  On the others (and on
 Sightglass too, for comparison) "pythread" is what a sampler written in
 Python does: a thread that wakes every interval and reads
-sys._current_frames().  Numbers only; no test depends on them.
+sys._current_frames().  "none" samples nothing: its ratios are those of
+identical runs, the noise against which the others' are read.  With
+--sampler, only the samplers named are measured (overhead and rates).
+Numbers only; no test depends on them.
 """
 
 import argparse
@@ -71,13 +75,28 @@ class PythonThreadSampler:
                 "missed_share": None}
 
 
+class NoSampler:
+    """Nothing sampled: the same alternation with nothing switched on, so
+    that its ratios show how far the others' stray by chance."""
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def info(self):
+        return {"achieved_rate": 0.0, "missed_share": None}
+
+
 def sightglass(rate):
     import profiling.sampling
     return profiling.sampling.Sampler(rate, all_threads=True, memory_rate=0)
 
 
 def samplers():
-    made = {"pythread-1k": lambda: PythonThreadSampler(1000)}
+    made = {"none": NoSampler,
+            "pythread-1k": lambda: PythonThreadSampler(1000)}
     try:
         import profiling.sampling  # noqa: F401
     except ImportError:
@@ -204,10 +223,14 @@ def sample_cost(rounds):
 
 def child(ns, names):
     result = {"overhead": {}, "rates": {}}
-    for mode in samplers():
+    made = samplers()
+    for mode in ns.sampler or made:
+        if mode not in made:
+            continue
         result["overhead"][mode] = overhead(mode, names, ns.rounds)
-        result["rates"][mode] = rates(mode, ns.rounds)
-    if "sampling-1k" in samplers():
+        if mode != "none":
+            result["rates"][mode] = rates(mode, ns.rounds)
+    if ns.sampler is None and "sampling-1k" in made:
         result["top_rates"] = top_rates(ns.rounds)
         result["sample"] = sample_cost(ns.rounds)
     print(json.dumps(result))
@@ -218,6 +241,12 @@ def main():
     p.add_argument("--python", action="append",
                    help="interpreter to measure (repeatable)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--sampler", action="append",
+                   choices=["none", "pythread-1k", "sampling-1k",
+                            "sampling-10k"],
+                   help="measure only this sampler's overhead and rates "
+                        "(repeatable); 'none' switches nothing on, for "
+                        "the noise")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     workloads.add_arguments(p)
     ns = p.parse_args()
@@ -228,6 +257,7 @@ def main():
     for python in ns.python or [sys.executable]:
         args = [python, os.path.abspath(__file__), "--child",
                 "--rounds", str(ns.rounds)]
+        args += sum((["--sampler", m] for m in ns.sampler or ()), [])
         args += sum((["--workload", n] for n in names), [])
         proc = subprocess.run(args, stdout=subprocess.PIPE, text=True)
         if proc.returncode:
