@@ -85,9 +85,6 @@ class NoSampler:
     def stop(self):
         pass
 
-    def info(self):
-        return {"achieved_rate": 0.0, "missed_share": None}
-
 
 def sightglass(rate):
     import profiling.sampling
