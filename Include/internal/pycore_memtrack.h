@@ -404,8 +404,8 @@ _PyMemTrack_NewObject(PyObject *op)
        would then lie outside the block. */
     uintptr_t last = _Py_memtrack.last_block;
     uintptr_t at = (uintptr_t)op - _Py_memtrack.hooks_pad;
-    if (at == last || at - _PyType_PreHeaderSize(Py_TYPE(op)) == last) {
-        assert(at != last || _PyType_PreHeaderSize(Py_TYPE(op)) == 0);
+    if (at == last || _PyMemTrack_ObjectBlock(op) == last) {
+        assert(at != last || _PyMemTrack_ObjectBlock(op) == last);
         _Py_memtrack.last_block = 0;
     }
     else {
