@@ -131,9 +131,24 @@ _PyMemTrack_NotePeak(void)
 }
 
 void *
+_PyMemTrack_NoteHandOut(void *block)
+{
+    _PyMemTrack_NoteChange((uintptr_t)block, 1);
+    return block;
+}
+
+struct pool_header *
+_PyMemTrack_NoteFree(void *block)
+{
+    _PyMemTrack_NoteChange((uintptr_t)block, 0);
+    return _PyMemTrack_PoolOf((uintptr_t)block);
+}
+
+void *
 _PyMemTrack_NotePeakFor(void *block)
 {
     _PyMemTrack_NotePeak();
+    _PyMemTrack_BlockChanging((uintptr_t)block, 1);
     return block;
 }
 
@@ -774,12 +789,12 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
 }
 
 void
-_PyMemTrack_ClassAssigned(PyObject *op)
+_PyMemTrack_AssigningClass(PyObject *op)
 {
     uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
-    if (_PyObject_PooledBlock(pooled, &size) != 0) {
-        _PyMemTrack_PoolChanged(pooled);
+    if (_PyObject_PooledBlock(pooled, &size) == pooled) {
+        _PyMemTrack_BlockChanging(pooled, 0);
     }
 }
 
@@ -1033,14 +1048,23 @@ object_in_block(uintptr_t block, size_t size, _Py_memtally **tally)
     return pooled_object(block, size, tally);
 }
 
+/* The changes a pool's memo notes, at most. */
+#define NOTED_MAX 5
+/* An old entry of a block that held no object. */
+#define NO_ENTRY UINT8_MAX
+
 /* What the walk found in a pool when it last looked: its blocks, and how
-   many objects of each type, in the order it met them.  A pool holds few
-   types, often one. */
+   many objects of each type, in the order it met them (a pool holds few
+   types, often one); and the blocks that changed since, while few, each
+   with the entry of the object it held then. */
 typedef struct {
     Py_ssize_t blocks;
     size_t size;
     uint32_t length;
     uint32_t capacity;
+    uint8_t noted;
+    uint8_t old_entries[NOTED_MAX];
+    uint16_t noted_granules[NOTED_MAX];
     struct {
         PyTypeObject *type;
         uint64_t serial;
@@ -1089,7 +1113,7 @@ make_room_for_changes(size_t extra)
 void
 _PyMemTrack_PoolSetUp(struct pool_header *pool)
 {
-    pool->memtrack_changed = 1;
+    pool->memtrack_changed = _PyMemTrack_POOL_CHANGED;
     if (changed_unlisted) {
         return;
     }
@@ -1105,14 +1129,91 @@ _PyMemTrack_PoolSetUp(struct pool_header *pool)
         _PyMemTrack_PoolNumber(pool);
 }
 
-/* Count an object of t's type in memo, whose entry is then at *index. */
+/* The entry of t's type in memo, or memo->length for none. */
+static uint32_t
+memo_entry(pool_memo *memo, _Py_memtally *t)
+{
+    uint32_t i = 0;
+    while (i < memo->length && (memo->entries[i].type != t->type
+                                || memo->entries[i].serial != t->serial))
+    {
+        i++;
+    }
+    return i;
+}
+
+/* Note that a block in a pool with a memo is about to change, with what
+   it holds; 0 if that cannot be noted. */
+static int
+note_change(pool_memo *memo, uintptr_t block, int was_free)
+{
+    uint16_t granule = (uint16_t)((block & _PyMemTrack_POOL_MASK)
+                                  >> _PyObmalloc_GRANULE_SHIFT);
+    for (uint8_t i = 0; i < memo->noted; i++) {
+        if (memo->noted_granules[i] == granule) {
+            /* What it held at the walk is noted already. */
+            return 1;
+        }
+    }
+    if (memo->noted == NOTED_MAX) {
+        return 0;
+    }
+    uint8_t old = NO_ENTRY;
+    _Py_memtally *t;
+    /* A block handed out was free; the size is the pool's now, as the
+       memo's may be that of the pool's last life. */
+    if (!was_free && object_in_block(
+            block, _PyMemTrack_ClassSize(_PyMemTrack_PooledClass(block)),
+            &t) != NULL)
+    {
+        uint32_t i = memo_entry(memo, t);
+        if (i >= NO_ENTRY) {
+            /* Not what the walk saw: not an object then, or too many
+               types. */
+            return 0;
+        }
+        old = (uint8_t)i;
+    }
+    memo->noted_granules[memo->noted] = granule;
+    memo->old_entries[memo->noted] = old;
+    memo->noted++;
+    return 1;
+}
+
+void
+_PyMemTrack_NoteChange(uintptr_t block, int was_free)
+{
+    struct pool_header *pool = _PyMemTrack_PoolOf(block);
+    size_t number = _PyMemTrack_PoolNumber(pool);
+    if (pool->memtrack_changed == _PyMemTrack_POOL_UNCHANGED) {
+        _Py_memtrack_changed.numbers[_Py_memtrack_changed.length++] = number;
+    }
+    pool_memo *memo = number < memos_length ? memos[number] : NULL;
+    pool->memtrack_changed = (memo != NULL
+                              && note_change(memo, block, was_free)
+                              ? _PyMemTrack_POOL_NOTED
+                              : _PyMemTrack_POOL_CHANGED);
+}
+
+void
+_PyMemTrack_HooksErasing(char api_id, void *block)
+{
+    size_t size;
+    /* The raw domain's blocks are not pymalloc's, and are freed without
+       the GIL. */
+    if (api_id != 'r'
+        && _PyObject_PooledBlock((uintptr_t)block, &size) == (uintptr_t)block)
+    {
+        _PyMemTrack_BlockChanging((uintptr_t)block, 0);
+    }
+}
+
+/* Count an object of t's type in memo, whose entry is then at *index;
+   NULL without memory, the memo freed. */
 static pool_memo *
 memo_add(pool_memo *memo, _Py_memtally *t, uint32_t *index)
 {
-    uint32_t i = 0;
-    while (i < memo->length && memo->entries[i].type != t->type) {
-        i++;
-    }
+    uint32_t i = memo_entry(memo, t);
     if (i == memo->length) {
         if (memo->length == memo->capacity) {
             uint32_t capacity = 2 * memo->capacity;
@@ -1120,6 +1221,7 @@ memo_add(pool_memo *memo, _Py_memtally *t, uint32_t *index)
                 memo, sizeof(pool_memo)
                       + capacity * sizeof(memo->entries[0]));
             if (grown == NULL) {
+                PyObject_RAW_FREE(memo);
                 return NULL;
             }
             memo = grown;
@@ -1151,6 +1253,7 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
     }
     memo->size = size;
     memo->length = 0;
+    memo->noted = 0;
     /* A pool holds mostly objects of one type.  After an object that
        starts its block, the next block is first tried for another of its
        type, where pooled_object() would look first. */
@@ -1169,12 +1272,10 @@ look_into_pool(pool_memo *memo, uintptr_t first, uintptr_t end, size_t size)
         PyObject *op = object_in_block(b, size, &t);
         if (op != NULL) {
             uint32_t i;
-            pool_memo *grown = memo_add(memo, t, &i);
-            if (grown == NULL) {
-                PyObject_RAW_FREE(memo);
+            memo = memo_add(memo, t, &i);
+            if (memo == NULL) {
                 return NULL;
             }
-            memo = grown;
             last = (uintptr_t)op == b + pad ? i : UINT32_MAX;
         }
     }
@@ -1217,12 +1318,52 @@ memo_slot(size_t number)
     return &memos[number];
 }
 
+/* Look at the blocks noted in memo (which is freed on failure), of a
+   pool whose blocks lie in [first, end); NULL without memory. */
+static pool_memo *
+look_at_noted(pool_memo *memo, uintptr_t first, uintptr_t end)
+{
+    /* memo_add() may move the memo. */
+    uint8_t noted = memo->noted;
+    uint8_t old_entries[NOTED_MAX];
+    uint16_t granules[NOTED_MAX];
+    memcpy(old_entries, memo->old_entries, sizeof(old_entries));
+    memcpy(granules, memo->noted_granules, sizeof(granules));
+    memo->noted = 0;
+    uintptr_t pool = first & ~_PyMemTrack_POOL_MASK;
+    for (uint8_t i = 0; i < noted; i++) {
+        if (old_entries[i] != NO_ENTRY) {
+            assert(memo->entries[old_entries[i]].count > 0);
+            memo->entries[old_entries[i]].count--;
+        }
+        uintptr_t b = pool + ((uintptr_t)granules[i]
+                              << _PyObmalloc_GRANULE_SHIFT);
+        assert(b >= first && (b - first) % memo->size == 0);
+        _Py_memtally *t;
+        if (b < end && object_in_block(b, memo->size, &t) != NULL) {
+            uint32_t index;
+            memo = memo_add(memo, t, &index);
+            if (memo == NULL) {
+                return NULL;
+            }
+        }
+    }
+    return memo;
+}
+
 static void
 look_into_visited(uintptr_t first, uintptr_t end, size_t size,
-                  uint8_t *Py_UNUSED(changed), void *arg)
+                  uint8_t *changed, void *arg)
 {
     pool_memo **memo = arg;
-    *memo = look_into_pool(*memo, first, end, size);
+    if (*memo != NULL && *changed != _PyMemTrack_POOL_CHANGED
+        && (*memo)->size == size)
+    {
+        *memo = look_at_noted(*memo, first, end);
+    }
+    else {
+        *memo = look_into_pool(*memo, first, end, size);
+    }
 }
 
 /* Look again into a pool, by number. */

@@ -21,7 +21,9 @@ extern "C" {
    changed since (a byte in the pool's header, set where a block is handed
    out, freed or marked, or an object's __class__ assigned, puts the pool
    on a list), so that a reading costs in proportion to what changed, not
-   to the heap.  Buffers an object owns
+   to the heap; and in a pool where few blocks changed, it looks only at
+   those, which the pool's memo notes as they change (with what the walk
+   saw there: see _PyMemTrack_BlockChanging()).  Buffers an object owns
    (list items, dict tables, ...) are fewer: their owners claim them for
    their type's tally.  The anonymous tag is what no one has claimed and
    no object is in.
@@ -140,13 +142,22 @@ PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 
 /* A pool's header holds a map with a bit for each granule past the
    header, which says that the block starting there holds data, and a byte
-   that says the pool changed: set whenever what its blocks hold may have
-   changed (a block handed out, freed or marked, an object's class
-   assigned), and cleared by the walk that remembers what they hold.  The
-   walk looks again only into pools that changed.  (A byte for each
-   quarter of a pool saved a quarter of the walk's time on a heap mutated
-   at random, for 1.5% more instructions over bench/'s kinds, 2.8% on its
-   integer loop; one byte per pool costs 0.3% and 0.5%.) */
+   that says whether the pool changed: whether what its blocks hold may
+   have changed (a block handed out, freed or marked, an object's class
+   assigned) since the walk last looked into it.  The walk looks again only
+   into pools that changed, and only at the blocks noted if there are
+   few.  (A byte for each quarter of a pool saved a quarter of the walk's
+   time on a heap mutated at random, for 1.5% more instructions over
+   bench/'s kinds, 2.8% on its integer loop; one byte per pool costs 0.3%
+   and 0.5%.) */
+enum {
+    _PyMemTrack_POOL_UNCHANGED = 0,
+    /* The blocks that changed are noted (in memtrack.c). */
+    _PyMemTrack_POOL_NOTED,
+    /* Any of its blocks may have changed. */
+    _PyMemTrack_POOL_CHANGED,
+};
+
 #define _PyMemTrack_POOL_MASK \
     (((uintptr_t)1 << _PyObmalloc_POOL_BITS) - 1)
 
@@ -195,24 +206,34 @@ _PyMemTrack_PoolNumber(struct pool_header *pool)
 
 /* The numbers of the pools whose changed byte was set since the walk
    looked into them, so that it looks into no other.  There is always room
-   for every pool whose byte is clear (see memtrack.c), so that setting the
-   byte takes no call. */
+   for every pool whose byte is clear (see memtrack.c). */
 struct _Py_memtrack_changed_pools {
     size_t *numbers;
     size_t length;
 };
 PyAPI_DATA(struct _Py_memtrack_changed_pools) _Py_memtrack_changed;
 
+/* What a block held as the walk saw it is noted, out of line, at each
+   change until its pool has too many to note; once it has, a change costs
+   a comparison. */
+PyAPI_FUNC(void) _PyMemTrack_NoteChange(uintptr_t block, int was_free);
+
+/* Called before a block in a pool changes: handed out (was_free), freed,
+   marked, or its object's class assigned. */
 static inline void
-_PyMemTrack_PoolChanged(uintptr_t block)
+_PyMemTrack_BlockChanging(uintptr_t block, int was_free)
 {
-    struct pool_header *pool = _PyMemTrack_PoolOf(block);
-    if (!pool->memtrack_changed) {
-        pool->memtrack_changed = 1;
-        _Py_memtrack_changed.numbers[_Py_memtrack_changed.length++] =
-            _PyMemTrack_PoolNumber(pool);
+    if (_PyMemTrack_PoolOf(block)->memtrack_changed
+        != _PyMemTrack_POOL_CHANGED)
+    {
+        _PyMemTrack_NoteChange(block, was_free);
     }
 }
+
+/* The debug hooks of a domain (api_id as theirs: 'r', 'm' or 'o') are
+   about to erase a block they free or move: what it holds is noted
+   first. */
+extern void _PyMemTrack_HooksErasing(char api_id, void *block);
 
 /* pymalloc sets up a pool in an arena (whose memory may hold anything). */
 extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
@@ -227,15 +248,21 @@ _PyMemTrack_IsData(uintptr_t block)
 static inline void
 _PyMemTrack_MarkData(uintptr_t block)
 {
+    _PyMemTrack_BlockChanging(block, 0);
     *_PyMemTrack_MapByte(block) |= _PyMemTrack_MapBit(block);
-    _PyMemTrack_PoolChanged(block);
+}
+
+static inline void
+_PyMemTrack_ClearMark(uintptr_t block)
+{
+    *_PyMemTrack_MapByte(block) &= (uint8_t)~_PyMemTrack_MapBit(block);
 }
 
 static inline void
 _PyMemTrack_Unmark(uintptr_t block)
 {
-    *_PyMemTrack_MapByte(block) &= (uint8_t)~_PyMemTrack_MapBit(block);
-    _PyMemTrack_PoolChanged(block);
+    _PyMemTrack_BlockChanging(block, 0);
+    _PyMemTrack_ClearMark(block);
 }
 
 /* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
@@ -305,8 +332,11 @@ _PyMemTrack_Count(size_t size)
 }
 
 /* ...by pymalloc, for a block it serves a request of nbytes with, and
-   which hands out what this returns: the block.  (So pymalloc keeps no
-   more across a call than the request it already keeps.) */
+   which hands out what these return: the block.  (So pymalloc keeps no
+   more across a call than the request it already keeps.)  The first notes
+   the block's change (see _PyMemTrack_BlockChanging()); the second the
+   peak, and the change if its pool notes changes. */
+extern void *_PyMemTrack_NoteHandOut(void *block);
 extern void *_PyMemTrack_NotePeakFor(void *block);
 /* The same, once the block handed out before, in which no object was
    made, is marked as data: out of line, so that the usual case keeps no
@@ -320,12 +350,18 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
         return _PyMemTrack_PooledHandedOutSlow(block, nbytes);
     }
     _Py_memtrack.last_block = (uintptr_t)block;
-    /* Whatever its last life was (marked after it was freed, even). */
-    _PyMemTrack_Unmark((uintptr_t)block);
+    /* Whatever its last life was (marked after it was freed, even).  Free,
+       it held nothing the walk counts: the change can be noted after. */
+    _PyMemTrack_ClearMark((uintptr_t)block);
     if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
             nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT)))
     {
         return _PyMemTrack_NotePeakFor(block);
+    }
+    if (_PyMemTrack_PoolOf((uintptr_t)block)->memtrack_changed
+        != _PyMemTrack_POOL_CHANGED)
+    {
+        return _PyMemTrack_NoteHandOut(block);
     }
     return block;
 }
@@ -337,13 +373,19 @@ _PyMemTrack_Uncount(size_t size)
     _Py_memtrack.bytes -= (Py_ssize_t)size;
 }
 
-/* pymalloc frees a block of size class szidx. */
-static inline void
-_PyMemTrack_PooledFreed(void *block, unsigned int szidx)
+/* pymalloc frees a block of a pool, which these return.  (So pymalloc
+   keeps no more across a call than the block.) */
+extern struct pool_header *_PyMemTrack_NoteFree(void *block);
+
+static inline struct pool_header *
+_PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
 {
-    _PyMemTrack_Uncount(_PyMemTrack_ClassSize(szidx));
+    _PyMemTrack_Uncount(_PyMemTrack_ClassSize(pool->szidx));
+    if (pool->memtrack_changed != _PyMemTrack_POOL_CHANGED) {
+        pool = _PyMemTrack_NoteFree(block);
+    }
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
-    _PyMemTrack_PoolChanged((uintptr_t)block);
+    return pool;
 }
 
 /* The functions beneath every domain (obmalloc.c's _PyMem_Raw*): malloc()
@@ -430,8 +472,9 @@ extern size_t _PyMemTrack_PoolNumbers(void);
    with the span of its blocks that were ever handed out (each allocated,
    or stamped as freed), their size, and its changed byte; and count the
    blocks in the pools.  The second visits one pool by its number (see
-   _PyMemTrack_PoolNumber()), clearing its changed byte if the pool is set
-   up; it returns the blocks allocated there (0 for no pool, unvisited). */
+   _PyMemTrack_PoolNumber()), and clears its changed byte if the pool is
+   set up; it returns the blocks allocated there (0 for no pool,
+   unvisited). */
 typedef void (*_PyMemTrack_poolfunc)(uintptr_t first, uintptr_t end,
                                      size_t size, uint8_t *changed,
                                      void *arg);
@@ -441,8 +484,8 @@ extern Py_ssize_t _PyMemTrack_VisitPool(size_t number,
                                         _PyMemTrack_poolfunc visit,
                                         void *arg);
 
-/* object.__class__ was assigned. */
-extern void _PyMemTrack_ClassAssigned(PyObject *op);
+/* object.__class__ is about to be assigned. */
+extern void _PyMemTrack_AssigningClass(PyObject *op);
 
 /* A type is ready, or freed. */
 extern void _PyMemTrack_AddType(PyTypeObject *type);

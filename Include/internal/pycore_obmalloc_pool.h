@@ -36,8 +36,8 @@ struct pool_header {
     unsigned int nextoffset;        /* offset of the first untouched block */
     unsigned int maxnextoffset;     /* the largest nextoffset can be */
 #ifdef Py_TRACK_MEMORY
-    /* Set when what the pool's blocks hold may have changed since the
-       tracking's walk last looked into it. */
+    /* Whether what the pool's blocks hold may have changed since the
+       tracking's walk last looked into it (pycore_memtrack.h). */
     uint8_t memtrack_changed;
     /* A bit for each granule but the first eight, which the header covers:
        whether the block starting there holds data (pycore_memtrack.h). */

@@ -286,6 +286,48 @@ class MemtrackTests(unittest.TestCase):
         self.assertNotIn(A, counts)
         self.assertNotIn(B, counts)
 
+    def test_few_changes_in_many_pools(self):
+        # In a pool where few blocks changed since the reading before, the
+        # next reading looks at those alone, from what it saw in each.
+        # Here every change comes one or two to a pool: a class assigned,
+        # an object freed, a block handed out again for an object, and for
+        # data (a list's items, which share the objects' size class).
+        class Sightglass_A:
+            __slots__ = ()
+
+        class Sightglass_B:
+            __slots__ = ()
+
+        def counts():
+            c = sys.type_allocation_counts(by_type=True)
+            return c.get(Sightglass_A, 0), c.get(Sightglass_B, 0)
+        n, step = 20_000, 500
+        objs = [Sightglass_A() for _ in range(n)]
+        self.assertEqual(counts(), (n, 0))
+        for i in range(0, n, step):
+            objs[i].__class__ = Sightglass_B
+        changed = n // step
+        self.assertEqual(counts(), (n - changed, changed))
+        for i in range(step // 2, n, step):
+            objs[i] = None
+        self.assertEqual(counts(), (n - 2 * changed, changed))
+        for i in range(step // 2, n, step):
+            objs[i] = Sightglass_A()
+        self.assertEqual(counts(), (n - changed, changed))
+        for i in range(step // 4, n, step):
+            objs[i] = None
+        items = -(-Sightglass_A.__basicsize__ // POINTER)
+        bufs = [[None] * items for _ in range(changed)]
+        self.assertEqual(counts(), (n - 2 * changed, changed))
+        del bufs
+        for i in range(step // 4, n, step):
+            objs[i] = Sightglass_A()
+        self.assertEqual(counts(), (n - changed, changed))
+        del objs[::step]
+        self.assertEqual(counts(), (n - changed, 0))
+        del objs
+        self.assertEqual(counts(), (0, 0))
+
     @support.skip_if_sanitizer("AddressSanitizer's malloc() does not give a"
                                " freed block back soon", address=True)
     def test_class_made_where_a_dead_class_was(self):
