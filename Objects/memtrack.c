@@ -1351,13 +1351,31 @@ look_at_noted(pool_memo *memo, uintptr_t first, uintptr_t end)
     return memo;
 }
 
+/* Whether the blocks noted in memo start blocks of size, in a pool whose
+   first block is at first.  They may not: the pool may have emptied since
+   the walk, served another size class for a few blocks, emptied again and
+   come back to this one. */
+static int
+noted_are_blocks(pool_memo *memo, uintptr_t first, size_t size)
+{
+    uintptr_t pool = first & ~_PyMemTrack_POOL_MASK;
+    for (uint8_t i = 0; i < memo->noted; i++) {
+        uintptr_t b = pool + ((uintptr_t)memo->noted_granules[i]
+                              << _PyObmalloc_GRANULE_SHIFT);
+        if (b < first || (b - first) % size != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void
 look_into_visited(uintptr_t first, uintptr_t end, size_t size,
                   uint8_t *changed, void *arg)
 {
     pool_memo **memo = arg;
     if (*memo != NULL && *changed != _PyMemTrack_POOL_CHANGED
-        && (*memo)->size == size)
+        && (*memo)->size == size && noted_are_blocks(*memo, first, size))
     {
         *memo = look_at_noted(*memo, first, end);
     }
