@@ -328,6 +328,72 @@ class MemtrackTests(unittest.TestCase):
         del objs
         self.assertEqual(counts(), (0, 0))
 
+    @unittest.skipUnless(ALLOCATOR.startswith("pymalloc"), "needs pymalloc")
+    def test_pool_back_from_another_size_class(self):
+        # Between two readings a pool with a few blocks empties, serves
+        # another size class for two blocks, empties again and comes back
+        # to its first class.  Its memo's size is right again, but a block
+        # noted meanwhile lies off the class's grid: the reading must look
+        # into the pool whole.  A wrong look shows in the debug build,
+        # whose reading asserts that noted blocks are on the grid and then
+        # checks every tally against a full walk.
+        api.PyObject_Malloc.restype = ctypes.c_void_p
+        api.PyObject_Malloc.argtypes = [ctypes.c_size_t]
+        api.PyObject_Free.argtypes = [ctypes.c_void_p]
+        pool_size = 1 << (14 if POINTER == 8 else 12)
+        before = 2 * POINTER if HOOKS else 0
+        # Two rare size classes, one's blocks off the other's grid.
+        size_a, size_b = 480, 496
+        # Fixed, so that a list's growth takes no block of those classes.
+        held = [None] * 4096
+        count = 0
+
+        def alloc(size):
+            nonlocal count
+            held[count] = api.PyObject_Malloc(size - HOOKS)
+            count += 1
+            return held[count - 1] - before
+
+        def release(block):
+            i = held.index(block + before)
+            api.PyObject_Free(held[i])
+            held[i] = None
+
+        def own_new_pool(size):
+            # Blocks of size until a pool set up anew is filled with them
+            # alone, in order: then no pool of the class has room.
+            for _ in range(100):
+                first = alloc(size)
+                if first % pool_size >= size:
+                    continue
+                blocks = [first]
+                while len(blocks) < (pool_size - first % pool_size) // size:
+                    blocks.append(alloc(size))
+                    if blocks[-1] != blocks[-2] + size:
+                        break
+                else:
+                    return blocks
+            self.fail(f"no pool of {size}-byte blocks was set up")
+
+        try:
+            own_new_pool(size_b)
+            blocks = own_new_pool(size_a)
+            for b in blocks[1:]:
+                release(b)
+            sys.type_memory_usage()
+            release(blocks[0])
+            # Emptied, the pool is the first to be set up again.
+            b1, b2 = alloc(size_b), alloc(size_b)
+            self.assertEqual((b1, b2), (blocks[0], blocks[0] + size_b))
+            release(b1)
+            release(b2)
+            self.assertEqual(alloc(size_a), blocks[0])
+            sys.type_memory_usage()
+        finally:
+            for p in held:
+                if p is not None:
+                    api.PyObject_Free(p)
+
     @support.skip_if_sanitizer("AddressSanitizer's malloc() does not give a"
                                " freed block back soon", address=True)
     def test_class_made_where_a_dead_class_was(self):
