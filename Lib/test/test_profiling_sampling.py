@@ -78,6 +78,16 @@ def long_c_call():
     return sum(range(40 * UNIT))  # the C call
 
 
+def multiply_then_call(x):
+    # No check point comes after a multiplication: the next one is at the
+    # start of the function called.
+    return takes_product(x * x)  # the multiplication
+
+
+def takes_product(product):
+    return product & 1
+
+
 def spinning_generator(units):
     for _ in range(units):
         work(1)
@@ -136,6 +146,14 @@ def results(sampler):
     for sample in r["samples"]:
         sample["stack"] = [r["frames"][i] for i in sample["frames"]]
     return r
+
+
+def largest(samples, count=5):
+    """The heaviest samples, described for a failure's message."""
+    heaviest = sorted(samples, key=lambda s: s["weight"], reverse=True)
+    return "; ".join(
+        f"{s['weight']} at {s['time']:.4f} s, {s['status']}, in "
+        f"{'/'.join(stack_names(s)[-2:])}" for s in heaviest[:count])
 
 
 def stack_names(sample):
@@ -294,6 +312,9 @@ class BasicTests(unittest.TestCase):
         # adds the final one.
         while sampler._engine.info()["taken"] < 11:
             work(1)
+        # Those ticks may all have come while the thread waited for a CPU
+        # outside work(): two more calls, which take many ticks.
+        work(2)
         sampler.stop()
         r = results(sampler)
         self.assertEqual(set(r), {
@@ -346,7 +367,11 @@ class BasicTests(unittest.TestCase):
         ballast = [Ballast() for _ in range(100_000)]
         sampler = Sampler(1000, memory_rate=200)
         with sampler:
-            work(3)
+            # Past a few memory ticks however loaded the machine, with
+            # Python code running after them.
+            while sampler._engine.info()["taken"] < 20:
+                work(1)
+            work(1)
         usage = sys.type_memory_usage()
         memory = results(sampler)["memory"]
         read = [m["types"] for m in memory if m["types"] is not None]
@@ -448,28 +473,32 @@ class AccuracyTests(unittest.TestCase):
         # one_share() and three_shares() run the same loop, one and three
         # times as long: a quarter and three quarters of the time.
         # On-CPU time: the share stays the same when other processes
-        # take the CPU.
-        sampler = Sampler(4000, mode="cpu")
+        # take the CPU.  No memory samples: a reading's ticks go to where
+        # the thread was when it read.
+        sampler = Sampler(4000, mode="cpu", memory_rate=0)
         sampler.run(split_work, 20)
         own = {}
-        for sample in results(sampler)["samples"]:
+        samples = results(sampler)["samples"]
+        for sample in samples:
             names = stack_names(sample)
             for name in ("one_share", "three_shares"):
                 if name in names:
                     own[name] = own.get(name, 0) + sample["weight"]
         total = own["one_share"] + own["three_shares"]
         self.assertGreater(total, 100)
-        self.assertAlmostEqual(own["one_share"] / total, 0.25, delta=0.05)
+        self.assertAlmostEqual(own["one_share"] / total, 0.25, delta=0.05,
+                               msg=largest(samples))
 
     def test_pstats_split(self):
-        sampler = Sampler(4000, mode="cpu")
+        sampler = Sampler(4000, mode="cpu", memory_rate=0)
         sampler.run(split_work, 20)
         stats = pstats.Stats(sampler)
         by_name = {func[2].rpartition(".")[2]: value
                    for func, value in stats.stats.items()}
         one, three = by_name["one_share"], by_name["three_shares"]
         share = one[2] / (one[2] + three[2])
-        self.assertAlmostEqual(share, 0.25, delta=0.05)
+        self.assertAlmostEqual(share, 0.25, delta=0.05,
+                               msg=largest(results(sampler)["samples"]))
         # Cumulative time of the caller covers both.
         split = by_name["split_work"]
         self.assertGreaterEqual(split[3] + 1e-9, one[3] + three[3])
@@ -514,14 +543,42 @@ class AccuracyTests(unittest.TestCase):
                 if s["status"] == IN_C and s["stack"]
                 and s["stack"][-1]["name"] == "long_c_call"]
         self.assertTrue(in_c)
+        source = source_line(line)
+        at_sum = 0
         for sample in in_c:
             frame = sample["stack"][-1]
             self.assertEqual(frame["line"], line)
-            # The call's columns: sum(...).
-            source = source_line(line)
-            self.assertEqual(
-                source[frame["column"]:frame["end_column"]],
-                "sum(range(40 * UNIT))")
+            if (source[frame["column"]:frame["end_column"]]
+                    == "sum(range(40 * UNIT))"):
+                at_sum += sample["weight"]
+        # The call's columns: sum(...).  A few ticks may fall at range(...)
+        # when the system took the CPU away from the thread just before,
+        # and the thread answered late there.
+        self.assertGreater(at_sum, 0.9 * sum(s["weight"] for s in in_c))
+
+    def test_c_work_before_a_call_is_the_callers(self):
+        # The thread answers late at the start of takes_product(), which
+        # has run none of its code: the ticks are the caller's, at the
+        # call, in C.
+        x = 7 ** 300_000
+        sampler = Sampler(2000)
+        sampler.run(lambda: [multiply_then_call(x) for _ in range(5)])
+        samples = results(sampler)["samples"]
+        line = line_of(multiply_then_call, "the multiplication")
+        in_c = [s for s in samples if s["status"] == IN_C and s["stack"]
+                and s["stack"][-1]["name"] == "multiply_then_call"]
+        self.assertTrue(in_c)
+        source = source_line(line)
+        for sample in in_c:
+            frame = sample["stack"][-1]
+            self.assertEqual(frame["line"], line)
+            self.assertEqual(source[frame["column"]:frame["end_column"]],
+                             "takes_product(x * x)")
+        start = takes_product.__code__.co_firstlineno
+        self.assertEqual(
+            [s for s in samples if s["stack"]
+             and s["stack"][-1]["name"] == "takes_product"
+             and s["stack"][-1]["line"] == start], [])
 
     def test_lines_of_a_thread_read_directly(self):
         # A thread not holding the GIL is read as it is: the line and
@@ -656,7 +713,9 @@ class StackTests(unittest.TestCase):
         # taken for it.
         sampler = Sampler(5000)
         with sampler:
-            for k in range(20):
+            # On a loaded machine the sampler may not run for the whole of
+            # some calls.
+            for k in range(40):
                 namespace = {"work": work}
                 exec(compile(f"def fn_{k}():\n    work(1)\n",
                              f"<generated {k}>", "exec"), namespace)
@@ -669,8 +728,8 @@ class StackTests(unittest.TestCase):
                 names.add(frame["name"])
                 self.assertEqual(frame["file"],
                                  f"<generated {frame['name'][3:]}>")
-                # At its start (the def line), or at the call.
-                self.assertIn(frame["line"], (1, 2))
+                # At the call: an answer at its start is its caller's.
+                self.assertEqual(frame["line"], 2)
         self.assertGreater(len(names), 10)
 
 

@@ -38,6 +38,7 @@
 #endif
 
 #include "Python.h"
+#include "opcode.h"                // RESUME
 #include "pycore_code.h"          // _PyCode_CODE()
 #include "pycore_frame.h"         // _PyInterpreterFrame
 #include "pycore_interp.h"        // PyInterpreterState.threads
@@ -417,19 +418,21 @@ intern_frame(SamplerObject *self, int32_t parent, PyCodeObject *code,
     return index;
 }
 
-/* Reads the stack of `tstate` (which cannot change it meanwhile: it holds
-   the GIL and runs this, or it cannot take the GIL) and interns it;
-   returns its leaf, or -1 for an empty stack, -2 when out of memory.
-   `info`, when given, keeps the path interned last: the frames a stack
-   shares with it from the outermost are not looked up again. */
+/* Reads a thread's stack from its frame `innermost` on (the thread cannot
+   change it meanwhile: it holds the GIL and runs this, or it cannot take
+   the GIL) and interns it; returns its leaf, or -1 for an empty stack, -2
+   when out of memory.  `info`, when given, keeps the path interned last:
+   the frames a stack shares with it from the outermost are not looked up
+   again. */
 static int32_t
-intern_stack(SamplerObject *self, PyThreadState *tstate, ThreadInfo *info)
+intern_stack(SamplerObject *self, _PyInterpreterFrame *innermost,
+             ThreadInfo *info)
 {
     /* Innermost first, as the frames are linked. */
     _PyInterpreterFrame *stack[256];
     _PyInterpreterFrame **frames = stack;
     Py_ssize_t capacity = Py_ARRAY_LENGTH(stack), depth = 0;
-    for (_PyInterpreterFrame *frame = tstate->cframe->current_frame;
+    for (_PyInterpreterFrame *frame = innermost;
          frame != NULL && depth < MAX_DEPTH; frame = frame->previous)
     {
         if (_PyFrame_IsIncomplete(frame)) {
@@ -674,7 +677,7 @@ settle_request(SamplerObject *self, uint32_t tick, PyThreadState *current)
         }
         int32_t thread = thread_index(self, tstate);
         add_sample(self, tick,
-                   intern_stack(self, tstate,
+                   intern_stack(self, tstate->cframe->current_frame,
                                 thread < 0 ? NULL : &self->threads[thread]),
                    thread, STATUS_IN_C, ticks);
         return 0;
@@ -795,13 +798,13 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
                sample is where it was. */
             node = info->last_sample >= 0
                    ? self->samples[info->last_sample].node
-                   : intern_stack(self, tstate, info);
+                   : intern_stack(self, tstate->cframe->current_frame, info);
         }
         else if (info->cached && info->cached_takes == takes) {
             node = info->cached_node;
         }
         else {
-            node = intern_stack(self, tstate, info);
+            node = intern_stack(self, tstate->cframe->current_frame, info);
             info->cached = node >= -1;
             info->cached_node = node;
             info->cached_takes = takes;
@@ -1048,6 +1051,33 @@ sampler_main(void *arg)
 /* The interpreter's side: the answer of the thread holding the GIL, and
    the death of code objects.  Both run with the GIL held. */
 
+/* The node that tstate's answer at a check point stands for.  At a RESUME
+   its frame has run none of its code since it started or was resumed: the
+   ticks since the request are its caller's, at the call.  (Answered late
+   there, the caller was in C with no check point after it, such as a big
+   multiplication in the call's arguments, or the system had taken its
+   CPU away.) */
+static int32_t
+answer_node(SamplerObject *self, PyThreadState *tstate, int32_t thread)
+{
+    _PyInterpreterFrame *frame = tstate->cframe->current_frame;
+    int opcode = _Py_OPCODE(*frame->prev_instr);
+    if (opcode == RESUME || opcode == RESUME_QUICK
+        || opcode == INSTRUMENTED_RESUME)
+    {
+        /* The caller: the next frame that has begun running its code. */
+        _PyInterpreterFrame *caller = frame->previous;
+        while (caller != NULL && _PyFrame_IsIncomplete(caller)) {
+            caller = caller->previous;
+        }
+        if (caller != NULL) {
+            frame = caller;
+        }
+    }
+    return intern_stack(self, frame,
+                        thread < 0 ? NULL : &self->threads[thread]);
+}
+
 /* Record the stack of tstate, holding the GIL, if asked for it. */
 static void
 answer_request(SamplerObject *self, PyThreadState *tstate)
@@ -1061,8 +1091,7 @@ answer_request(SamplerObject *self, PyThreadState *tstate)
         uint32_t late = self->request.late;
         int32_t thread = thread_index(self, tstate);
         add_sample(self, self->request.tick + late,
-                   intern_stack(self, tstate,
-                                thread < 0 ? NULL : &self->threads[thread]),
+                   answer_node(self, tstate, thread),
                    thread, late ? STATUS_IN_C : STATUS_RUNNING,
                    self->request.weight + late);
         self->request.pending = 0;
