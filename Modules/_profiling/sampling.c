@@ -1061,6 +1061,7 @@ static int32_t
 answer_node(SamplerObject *self, PyThreadState *tstate, int32_t thread)
 {
     _PyInterpreterFrame *frame = tstate->cframe->current_frame;
+    /* Its forms named: _PyOpcode_Deopt is not exported to modules. */
     int opcode = _Py_OPCODE(*frame->prev_instr);
     if (opcode == RESUME || opcode == RESUME_QUICK
         || opcode == INSTRUMENTED_RESUME)
