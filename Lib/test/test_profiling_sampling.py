@@ -108,6 +108,26 @@ async def outer_coroutine(units):
     await inner_coroutine(units)
 
 
+def bursts(seconds, pause, used):
+    """Uses a CPU in bursts of 0.1 ms, shorter than a tick at 4 kHz, with
+    pauses of *pause* seconds (the GIL released) between them, and puts
+    the CPU time it used in the list *used*."""
+    start = time.thread_time()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        burst = time.perf_counter()
+        while time.perf_counter() - burst < 0.0001:
+            pass
+        time.sleep(pause)
+    used.append(time.thread_time() - start)
+
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 def sleeper(stop):
     stop.wait()  # sleeps here
 
@@ -534,6 +554,36 @@ class AccuracyTests(unittest.TestCase):
         names = {n for s in results(sampler)["samples"]
                  for n in stack_names(s)}
         self.assertIn("work", names)
+
+    def bursts_weight(self, pause, then):
+        """The ticks of CPU time a thread running bursts() used, and its
+        weight in cpu mode, while this thread runs then()."""
+        used = []
+        sampler = Sampler(4000, mode="cpu", all_threads=True, memory_rate=0)
+        with sampler:
+            thread = threading.Thread(target=bursts, args=(0.5, pause, used))
+            thread.start()
+            then()
+            thread.join()
+        samples = results(sampler)["samples"]
+        weight = sum(s["weight"] for s in samples
+                     if s["thread"] == thread.ident)
+        return used[0] / sampler.interval, weight, largest(samples)
+
+    def test_cpu_mode_counts_bursts_shorter_than_a_tick(self):
+        # Each look sees a fraction of a tick used: what is not yet a
+        # whole tick counts at a later look.
+        ticks, weight, heaviest = self.bursts_weight(0.0002, lambda: None)
+        self.assertAlmostEqual(weight, ticks, delta=0.05 * ticks + 3,
+                               msg=heaviest)
+
+    def test_cpu_mode_counts_the_cpu_before_a_gil_wait(self):
+        # This thread holds the GIL, so that the other waits for it after
+        # each burst (sleep(0) releases it): the CPU it used before it
+        # began to wait counts.
+        ticks, weight, heaviest = self.bursts_weight(0, lambda: spin(0.5))
+        self.assertAlmostEqual(weight, ticks, delta=0.05 * ticks + 3,
+                               msg=heaviest)
 
     def test_long_c_call_is_in_c_at_its_line(self):
         sampler = Sampler(5000)

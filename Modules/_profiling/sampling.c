@@ -608,7 +608,9 @@ watched(SamplerObject *self, PyThreadState *tstate)
 }
 
 /* How many of the `weight` ticks since the last look a thread spent on a
-   CPU, by its CPU clock (nearest whole ticks). */
+   CPU, by its CPU clock (nearest whole ticks).  The rest of the time, up
+   to half a tick either way, is carried to the next look: a thread that
+   runs in bursts shorter than a tick is counted in full. */
 static uint32_t
 cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
 {
@@ -618,13 +620,18 @@ cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
     }
     int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     int64_t used = now - info->cpu_ns;
-    info->cpu_ns = now;
     if (used <= 0) {
         return 0;
     }
     uint64_t ticks = (uint64_t)(used + self->interval_ns / 2)
                      / (uint64_t)self->interval_ns;
-    return (uint32_t)Py_MIN(ticks, (uint64_t)weight);
+    if (ticks > weight) {
+        /* More than the ticks it stands for: not carried either. */
+        info->cpu_ns = now;
+        return weight;
+    }
+    info->cpu_ns += (int64_t)ticks * self->interval_ns;
+    return (uint32_t)ticks;
 }
 
 /* Asks the thread holding the GIL for its stack, for `weight` ticks. */
@@ -782,9 +789,9 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
             w = ticks + carried;
         }
         else if (_PySampling_IsWaiting(tstate)) {
-            /* Off the CPU: its wait is no CPU time. */
+            /* Off the CPU now; in cpu mode its weight is the CPU it used
+               before the wait, at the place where it waits. */
             status = STATUS_GIL;
-            w = self->cpu_mode ? 0 : ticks;
         }
         else {
             status = on_cpu ? STATUS_IN_C : STATUS_IDLE;
