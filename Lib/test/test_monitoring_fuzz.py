@@ -169,6 +169,7 @@ class Fuzzer:
         return None
 
     def main(self, argv, child, default_nops):
+        """The command line; the exit status, 1 if a seed failed."""
         parser = argparse.ArgumentParser(prog=f"python -m {self.module}")
         parser.add_argument("--seconds", type=float, default=60)
         parser.add_argument("--seed", type=int,
@@ -192,7 +193,7 @@ class Fuzzer:
                 ops = json.load(f)
             result = self.run(ops, child_args)
             print("ok" if result is None else result)
-            return
+            return 0 if result is None else 1
         if args.seed is not None:
             seeds = [args.seed]
         else:
@@ -209,6 +210,7 @@ class Fuzzer:
                 failures += 1
                 print(report, "\n", flush=True)
         print(f"{runs} seeds, {failures} failed")
+        return 1 if failures else 0
 
 
 def reduce(items, fails):
@@ -1159,4 +1161,4 @@ class MonitoringFuzzTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    FUZZER.main(sys.argv[1:], child, NOPS)
+    sys.exit(FUZZER.main(sys.argv[1:], child, NOPS))
