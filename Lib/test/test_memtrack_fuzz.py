@@ -360,9 +360,15 @@ class Child:
         self.check_tags()
         gc.collect()
 
+    def take_baseline(self):
+        """The total, the tags' bytes and their blocks, for finish()."""
+        gc.collect()
+        usage, counts = self.check_tags()
+        return sys.total_memory_used(), usage, counts
+
     def finish(self, baseline):
-        """Free everything: the total must come back.  baseline is the
-        total, the tags' bytes and their blocks before the operations."""
+        """Free everything: the total must come back to baseline, taken
+        before the operations."""
         total_before, usage_before, counts_before = baseline
         self.slots.clear()
         for key in list(self.blocks):
@@ -398,9 +404,7 @@ class Child:
         # blocks in between: the collector runs at "gc" operations only.
         gc.disable()
         self.warm_up()
-        gc.collect()
-        usage, counts = self.check_tags()
-        baseline = (sys.total_memory_used(), usage, counts)
+        baseline = self.take_baseline()
         for index, op in enumerate(ops + [None]):
             if op is None:
                 self.finish(baseline)
@@ -440,9 +444,7 @@ class BackToBaselineTest(unittest.TestCase):
     def finish_with(self, kept):
         """The violations of a run that kept what kept() returns."""
         checker = Child(set())
-        gc.collect()
-        usage, counts = checker.check_tags()
-        baseline = (sys.total_memory_used(), usage, counts)
+        baseline = checker.take_baseline()
         held = kept()
         try:
             checker.finish(baseline)

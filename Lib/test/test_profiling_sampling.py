@@ -108,6 +108,12 @@ async def outer_coroutine(units):
     await inner_coroutine(units)
 
 
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 def bursts(seconds, pause, used):
     """Uses a CPU in bursts of 0.1 ms, shorter than a tick at 4 kHz, with
     pauses of *pause* seconds (the GIL released) between them, and puts
@@ -115,17 +121,9 @@ def bursts(seconds, pause, used):
     start = time.thread_time()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        burst = time.perf_counter()
-        while time.perf_counter() - burst < 0.0001:
-            pass
+        spin(0.0001)
         time.sleep(pause)
     used.append(time.thread_time() - start)
-
-
-def spin(seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
 
 
 def sleeper(stop):
