@@ -179,6 +179,21 @@ def stack_names(sample):
     return [f["name"].rpartition(".")[2] for f in sample["stack"]]
 
 
+def ticks_out_of_order(r):
+    """Where a thread's sample takes a tick its previous sample took:
+    (ident, the previous one's last tick, this one's first)."""
+    last = {}
+    wrong = []
+    for sample in r["samples"]:
+        end = round(sample["time"] / r["interval"])
+        first = end - sample["weight"] + 1
+        previous = last.get(sample["thread"], 0)
+        if first <= previous:
+            wrong.append((sample["thread"], previous, first))
+        last[sample["thread"]] = end
+    return wrong
+
+
 class BadInputTests(unittest.TestCase):
 
     def test_rates(self):
@@ -786,11 +801,12 @@ class StressTests(unittest.TestCase):
     @threading_helper.requires_working_threading()
     def test_highest_rate_over_threads_coming_and_going(self):
         stop = threading.Event()
+        started = [0, 0]  # threads each spawner started
 
         def short_lived(depth):
             recurse(depth, lambda: work(0) if depth % 2 else time.sleep(0))
 
-        def spawner():
+        def spawner(index):
             n = 0
             while not stop.is_set():
                 threads = [threading.Thread(target=short_lived,
@@ -798,24 +814,31 @@ class StressTests(unittest.TestCase):
                            for i in range(4)]
                 for t in threads:
                     t.start()
+                started[index] += len(threads)
                 for t in threads:
                     t.join()
                 n += 1
 
-        spawners = [threading.Thread(target=spawner) for _ in range(2)]
+        spawners = [threading.Thread(target=spawner, args=(i,))
+                    for i in range(2)]
         sampler = Sampler(profiling.sampling.MAX_RATE, all_threads=True,
                           memory_rate=1000)
         with sampler:
             for t in spawners:
                 t.start()
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline:
+            # A second, and at least 64 threads: on a loaded machine this
+            # thread's GIL keeps the spawners to a few threads a second.
+            at_least = time.monotonic() + 1.0
+            give_up = at_least + support.SHORT_TIMEOUT
+            while ((time.monotonic() < at_least or sum(started) < 64)
+                   and time.monotonic() < give_up):
                 recurse(200, lambda: work(1))
             stop.set()
             for t in spawners:
                 t.join()
         r = results(sampler)
         self.assertGreater(len(r["threads"]), 8)
+        self.assertEqual(ticks_out_of_order(r), [])
         idents = {t["ident"] for t in r["threads"]}
         for sample in r["samples"]:
             self.assertIn(sample["thread"], idents)
@@ -823,6 +846,26 @@ class StressTests(unittest.TestCase):
             if "short_lived" in names[:-1]:
                 self.assertEqual(names[names.index("short_lived") + 1],
                                  "recurse")
+
+    def test_ticks_of_threads_contending_for_the_gil(self):
+        # At a tick when the sampler cannot take the GIL's mutex at once,
+        # it asks the thread that holds the GIL and owes the others the
+        # tick: each tick still goes to one sample, in order, though the
+        # thread asked may have left the GIL (its answer then stands for
+        # the tick) and a thread owed ticks may be asked next.
+        for mode in ("wall", "cpu"):
+            sampler = Sampler(10_000, mode=mode, all_threads=True)
+            with sampler:
+                threads = [threading.Thread(target=work, args=(20,))
+                           for _ in range(4)]
+                for t in threads:
+                    t.start()
+                work(20)
+                for t in threads:
+                    t.join()
+            r = results(sampler)
+            self.assertEqual(ticks_out_of_order(r), [], msg=mode)
+            self.assertEqual(len(r["threads"]), 5)
 
     def test_start_stop_repeatedly_from_threads(self):
         errors = []

@@ -552,6 +552,8 @@ add_sample(SamplerObject *self, uint32_t tick, int32_t node, int32_t thread,
     ThreadInfo *info = &self->threads[thread];
     if (info->last_sample >= 0) {
         Sample *last = &self->samples[info->last_sample];
+        /* A tick goes to one sample of a thread, in the order of ticks. */
+        assert(last->tick <= tick - weight);
         uint32_t last_weight = last->weight_status >> WEIGHT_SHIFT;
         if (last->node == node
             && (last->weight_status & ((1 << WEIGHT_SHIFT) - 1)) == status
@@ -669,8 +671,9 @@ tell_holder(SamplerObject *self)
    one to give the ticks.  Returns the ticks to add to the sample of
    `current`, when it is the thread asked. */
 static uint32_t
-settle_request(SamplerObject *self, uint32_t tick, PyThreadState *current)
+settle_request(SamplerObject *self, PyThreadState *current)
 {
+    uint32_t tick = self->request.tick + self->request.late;
     uint32_t ticks = self->request.weight + self->request.late;
     self->request.pending = 0;
     for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
@@ -714,11 +717,21 @@ take_partial_tick(SamplerObject *self, uint32_t tick, uint32_t weight)
         if (info == NULL) {
             continue;
         }
-        if (tstate == holder && !self->cpu_mode
-            && (!self->request.pending
-                || self->request.tstate_id == tstate->id))
+        /* In cpu mode every thread's CPU clock is read at the next whole
+           tick. */
+        int asked = self->request.pending
+                    && self->request.tstate_id == tstate->id;
+        if (asked && !self->cpu_mode) {
+            /* Its answer stands for every tick until it comes, whether or
+               not it holds the GIL now: a thread's samples take its ticks
+               in order. */
+            self->request.late += weight;
+        }
+        else if (tstate == holder && !self->request.pending
+                 && !self->cpu_mode)
         {
-            ask_holder(self, tstate, tick, weight);
+            ask_holder(self, tstate, tick, weight + info->owed);
+            info->owed = 0;
         }
         else {
             info->owed += weight;
@@ -762,7 +775,7 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
     if (self->request.pending
         && (holder == NULL || holder->id != self->request.tstate_id))
     {
-        carried = settle_request(self, tick - weight, current);
+        carried = settle_request(self, current);
     }
     unsigned long takes = _PySampling.gil_takes;
     for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
