@@ -770,6 +770,26 @@ class StackTests(unittest.TestCase):
             else:
                 self.assertEqual([ident for ident, _, _ in threads], [main])
 
+    def test_many_threads_one_record_each(self):
+        # Each thread has one record, found again at every tick however
+        # many there are (the last tick, at stop(), sees them all).
+        stop = threading.Event()
+        threads = [threading.Thread(target=stop.wait) for _ in range(200)]
+        sampler = Sampler(1000, all_threads=True)
+        try:
+            with sampler:
+                for t in threads:
+                    t.start()
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        idents = [ident for ident, _, _ in sampler.threads()]
+        self.assertEqual(sorted(idents),
+                         sorted([threading.get_ident()]
+                                + [t.ident for t in threads]))
+
     def test_code_freed_while_sampling(self):
         # Code objects sampled and freed while the sampler runs keep their
         # names, and a code object made at a freed one's address is not

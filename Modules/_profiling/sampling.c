@@ -211,6 +211,7 @@ typedef struct {
     int64_t tags_next_ns;
     ThreadInfo *threads;
     int32_t nthreads, threads_capacity;
+    IndexTable thread_table;  /* by PyThreadState.id */
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
     uint64_t epoch;
@@ -491,16 +492,27 @@ intern_stack(SamplerObject *self, _PyInterpreterFrame *innermost,
     return node;
 }
 
-/* The index of the record of `tstate`'s thread, or -1. */
+static uint32_t
+thread_hash(void *owner, int32_t index)
+{
+    return table_hash(NULL, ((SamplerObject *)owner)->threads[index].id);
+}
+
+static inline int
+is_thread(void *owner, int32_t index, const void *id)
+{
+    return ((SamplerObject *)owner)->threads[index].id
+           == *(const uint64_t *)id;
+}
+
+/* The index of the record of `tstate`'s thread, or -1.  Looked up at
+   every tick for every thread: a program that has started many threads
+   must not make the ticks slower. */
 static int32_t
 known_thread(SamplerObject *self, PyThreadState *tstate)
 {
-    for (int32_t i = self->nthreads - 1; i >= 0; i--) {
-        if (self->threads[i].id == tstate->id) {
-            return i;
-        }
-    }
-    return -1;
+    return table_find(&self->thread_table, table_hash(NULL, tstate->id),
+                      self, &tstate->id, is_thread);
 }
 
 /* The index of the record of `tstate`'s thread, made if need be. */
@@ -512,6 +524,8 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
         return known;
     }
     if (self->nthreads > UINT16_MAX
+        || table_reserve(&self->thread_table, TABLE_QUARTERS, self,
+                         thread_hash) < 0
         || grow32((void **)&self->threads, &self->threads_capacity,
                   self->nthreads, sizeof(ThreadInfo)) < 0)
     {
@@ -521,6 +535,8 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
     *info = (ThreadInfo){.id = tstate->id, .ident = tstate->thread_id,
                          .native_id = tstate->native_thread_id,
                          .last_sample = -1};
+    table_add(&self->thread_table, table_hash(NULL, info->id),
+              self->nthreads);
 #ifdef __linux__
     /* The clock of the thread by its kernel id, as glibc makes it (a
        kernel ABI): a thread that is gone makes clock_gettime() fail,
@@ -1277,6 +1293,7 @@ clear_store(SamplerObject *self)
         PyMem_RawFree(self->threads[i].path);
     }
     PyMem_RawFree(self->threads);
+    table_clear(&self->thread_table);
     self->nodes = NULL;
     self->lines = NULL;
     self->lines_capacity = 0;
