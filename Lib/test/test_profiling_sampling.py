@@ -172,10 +172,12 @@ def source_line(line):
 
 
 def results(sampler):
-    """results(), with each sample's frames as dicts."""
+    """results(), with each sample's frames as dicts and its thread's
+    ident."""
     r = sampler.results()
     for sample in r["samples"]:
         sample["stack"] = [r["frames"][i] for i in sample["frames"]]
+        sample["ident"] = r["threads"][sample["thread"]]["ident"]
     return r
 
 
@@ -192,9 +194,20 @@ def stack_names(sample):
     return [f["name"].rpartition(".")[2] for f in sample["stack"]]
 
 
+def functions_by_thread_name(r, functions=("first", "second")):
+    """Which of *functions* the samples of each thread (by name) show."""
+    seen = {}
+    for sample in r["samples"]:
+        name = r["threads"][sample["thread"]]["name"]
+        for function in functions:
+            if function in stack_names(sample):
+                seen.setdefault(name, set()).add(function)
+    return seen
+
+
 def ticks_out_of_order(r):
     """Where a thread's sample takes a tick its previous sample took:
-    (ident, the previous one's last tick, this one's first)."""
+    (thread, the previous one's last tick, this one's first)."""
     last = {}
     wrong = []
     for sample in r["samples"]:
@@ -339,7 +352,7 @@ class BasicTests(unittest.TestCase):
         r = results(sampler)
         self.assertEqual(r["total"], 1)
         [sample] = r["samples"]
-        self.assertEqual(sample["thread"], threading.get_ident())
+        self.assertEqual(sample["ident"], threading.get_ident())
         self.assertIn("test_last_sample_at_stop", stack_names(sample))
 
     def test_restart_drops_what_was_recorded(self):
@@ -557,7 +570,7 @@ class AccuracyTests(unittest.TestCase):
                 sampler = Sampler(2000, mode=mode, all_threads=True)
                 sampler.run(work, 5)
             r = results(sampler)
-            return [s for s in r["samples"] if s["thread"] == thread.ident]
+            return [s for s in r["samples"] if s["ident"] == thread.ident]
 
         wall = sampled("wall")
         self.assertTrue(wall)
@@ -591,7 +604,7 @@ class AccuracyTests(unittest.TestCase):
             thread.join()
         samples = results(sampler)["samples"]
         weight = sum(s["weight"] for s in samples
-                     if s["thread"] == thread.ident)
+                     if s["ident"] == thread.ident)
         return used[0] / sampler.interval, weight, largest(samples)
 
     def test_cpu_mode_counts_bursts_shorter_than_a_tick(self):
@@ -661,7 +674,7 @@ class AccuracyTests(unittest.TestCase):
             sampler = Sampler(2000, thread=thread.ident)
             sampler.run(work, 2)
         r = results(sampler)
-        self.assertEqual({s["thread"] for s in r["samples"]}, {thread.ident})
+        self.assertEqual({s["ident"] for s in r["samples"]}, {thread.ident})
         frame = [f for f in r["samples"][0]["stack"]
                  if f["name"] == "sleeper"][0]
         line = line_of(sleeper, "sleeps here")
@@ -741,15 +754,89 @@ class StackTests(unittest.TestCase):
                 t.start()
             for t in threads:
                 t.join()
+        self.assertEqual(functions_by_thread_name(results(sampler)),
+                         {"first": {"first"}, "second": {"second"}})
+
+    def test_threads_gone_before_stop_keep_their_names(self):
+        # One after another, so that the second often has the first's
+        # ident, and neither referred to at stop: named while they ran.
+        def first():
+            work(4)
+
+        def second():
+            work(4)
+
+        def run_thread(function):
+            t = threading.Thread(target=function, name=function.__name__)
+            t.start()
+            t.join()
+            return t.ident, t.native_id
+
+        sampler = Sampler(2000, all_threads=True)
+        with sampler:
+            ids = [run_thread(first), run_thread(second)]
+            gc.collect()
+        self.assertFalse({(t.ident, t.native_id) for t in threading._dangling}
+                         & set(ids))
         r = results(sampler)
-        names = {t["ident"]: t["name"] for t in r["threads"]}
-        seen = {}
-        for sample in r["samples"]:
-            for function in ("first", "second"):
-                if function in stack_names(sample):
-                    seen.setdefault(names[sample["thread"]], set()).add(
-                        function)
-        self.assertEqual(seen, {"first": {"first"}, "second": {"second"}})
+        self.assertEqual(
+            [t["name"] for t in r["threads"]
+             if (t["ident"], t["native_id"]) in ids], ["first", "second"])
+        self.assertEqual(functions_by_thread_name(r),
+                         {"first": {"first"}, "second": {"second"}})
+
+    def test_thread_names_looked_up_without_running_code(self):
+        # A thread class whose _name is a property: looking it up would
+        # run Python code at the eval loop's check point, so the sampler
+        # leaves it, and the thread, gone at stop, goes by its native id.
+        calls = []
+        working = threading.Event()
+
+        class OddThread(threading.Thread):
+            @property
+            def _name(self):
+                if working.is_set():
+                    calls.append(threading.get_ident())
+                return self.__dict__["odd_name"]
+
+            @_name.setter
+            def _name(self, value):
+                self.__dict__["odd_name"] = value
+
+        def run():
+            working.set()
+            work(4)
+            working.clear()
+
+        sampler = Sampler(2000, all_threads=True)
+        with sampler:
+            thread = OddThread(target=run, name="odd")
+            thread.start()
+            thread.join()
+            native_id = thread.native_id
+            del thread
+            gc.collect()
+        self.assertEqual(calls, [])
+        [name] = [name for _, n, name in sampler.threads() if n == native_id]
+        self.assertEqual(name, str(native_id))
+
+    def test_thread_not_started_by_threading(self):
+        # _thread's threads are not in threading's table: native ids.
+        import _thread
+        done = threading.Event()
+        native_ids = []
+
+        def run():
+            native_ids.append(threading.get_native_id())
+            work(4)
+            done.set()
+
+        sampler = Sampler(2000, all_threads=True)
+        with sampler:
+            _thread.start_new_thread(run, ())
+            self.assertTrue(done.wait(support.SHORT_TIMEOUT))
+        names = {n: name for _, n, name in sampler.threads()}
+        self.assertEqual(names[native_ids[0]], str(native_ids[0]))
 
     def test_one_given_thread(self):
         def other():
@@ -759,7 +846,7 @@ class StackTests(unittest.TestCase):
         with sampler:
             thread.start()
             thread.join()
-        self.assertEqual({s["thread"] for s in results(sampler)["samples"]},
+        self.assertEqual({s["ident"] for s in results(sampler)["samples"]},
                          {threading.get_ident()})
 
     def test_threads_known_once_started(self):
@@ -833,6 +920,7 @@ class StressTests(unittest.TestCase):
     def test_highest_rate_over_threads_coming_and_going(self):
         stop = threading.Event()
         started = [0, 0]  # threads each spawner started
+        names = {}  # by (ident, native_id): idents are reused at once
 
         def short_lived(depth):
             recurse(depth, lambda: work(0) if depth % 2 else time.sleep(0))
@@ -841,10 +929,12 @@ class StressTests(unittest.TestCase):
             n = 0
             while not stop.is_set():
                 threads = [threading.Thread(target=short_lived,
-                                            args=(n % 50 + i,))
+                                            args=(n % 50 + i,),
+                                            name=f"short-{index}-{n}-{i}")
                            for i in range(4)]
                 for t in threads:
                     t.start()
+                    names[t.ident, t.native_id] = t.name
                 started[index] += len(threads)
                 for t in threads:
                     t.join()
@@ -870,9 +960,17 @@ class StressTests(unittest.TestCase):
         r = results(sampler)
         self.assertGreater(len(r["threads"]), 8)
         self.assertEqual(ticks_out_of_order(r), [])
-        idents = {t["ident"] for t in r["threads"]}
+        # Each thread has its own name, or (gone before it was looked up)
+        # its native id; and some were looked up in time.
+        named = 0
+        for t in r["threads"]:
+            given = names.get((t["ident"], t["native_id"]))
+            if given is not None and t["name"] != str(t["native_id"]):
+                self.assertEqual(t["name"], given)
+                named += 1
+        self.assertGreater(named, 0)
         for sample in r["samples"]:
-            self.assertIn(sample["thread"], idents)
+            self.assertIn(sample["thread"], range(len(r["threads"])))
             names = stack_names(sample)
             if "short_lived" in names[:-1]:
                 self.assertEqual(names[names.index("short_lived") + 1],

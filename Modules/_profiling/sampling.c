@@ -158,6 +158,12 @@ typedef struct {
     PathEntry *path;
     int32_t path_depth, path_capacity;
     uint64_t path_epoch;
+    /* The walk of the thread list it was last found in: a thread not
+       found in the latest walk is gone. */
+    uint64_t walk;
+    /* Its name in threading, looked up by a thread holding the GIL (see
+       name_threads()), or NULL. */
+    PyObject *name;
 } ThreadInfo;
 
 /* A code object with nodes.  By address, not by reference: while the
@@ -212,6 +218,12 @@ typedef struct {
     ThreadInfo *threads;
     int32_t nthreads, threads_capacity;
     IndexTable thread_table;  /* by PyThreadState.id */
+    uint64_t walks;           /* of the thread list, at ticks */
+    /* The threads whose names are still to be looked up, while they run:
+       indexes in `threads`, and where the next lookups begin. */
+    int32_t *unnamed;
+    int32_t nunnamed, unnamed_capacity;
+    int32_t unnamed_next;
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
     uint64_t epoch;
@@ -534,9 +546,15 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
     ThreadInfo *info = &self->threads[self->nthreads];
     *info = (ThreadInfo){.id = tstate->id, .ident = tstate->thread_id,
                          .native_id = tstate->native_thread_id,
-                         .last_sample = -1};
+                         .last_sample = -1, .walk = self->walks};
     table_add(&self->thread_table, table_hash(NULL, info->id),
               self->nthreads);
+    /* Out of memory, it goes without a name. */
+    if (grow32((void **)&self->unnamed, &self->unnamed_capacity,
+               self->nunnamed, sizeof(int32_t)) == 0)
+    {
+        self->unnamed[self->nunnamed++] = self->nthreads;
+    }
 #ifdef __linux__
     /* The clock of the thread by its kernel id, as glibc makes it (a
        kernel ABI): a thread that is gone makes clock_gettime() fail,
@@ -607,6 +625,7 @@ watched(SamplerObject *self, PyThreadState *tstate)
     }
     int32_t thread = known_thread(self, tstate);
     if (thread >= 0) {
+        self->threads[thread].walk = self->walks;
         return &self->threads[thread];
     }
     /* A new thread's state holds the ident of the thread that made it
@@ -775,6 +794,7 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
         gil_mutex = pthread_mutex_trylock(&gil->mutex);
     }
     pthread_mutex_lock(&self->lock);
+    self->walks++;
     if (gil_mutex != 0) {
         take_partial_tick(self, tick, weight);
         goto done;
@@ -1115,8 +1135,9 @@ answer_node(SamplerObject *self, PyThreadState *tstate, int32_t thread)
                         thread < 0 ? NULL : &self->threads[thread]);
 }
 
-/* Record the stack of tstate, holding the GIL, if asked for it. */
-static void
+/* Record the stack of tstate, holding the GIL, if asked for it.  Returns
+   whether threads are still to be named. */
+static int
 answer_request(SamplerObject *self, PyThreadState *tstate)
 {
     pthread_mutex_lock(&self->lock);
@@ -1133,7 +1154,125 @@ answer_request(SamplerObject *self, PyThreadState *tstate)
                    self->request.weight + late);
         self->request.pending = 0;
     }
+    int unnamed = self->nunnamed > 0;
     pthread_mutex_unlock(&self->lock);
+    return unnamed;
+}
+
+/* `name` of `obj`, where neither its type nor a base defines it: read
+   from the instance, with no code run; NULL where it has none. */
+static PyObject *
+instance_attribute(PyObject *obj, const char *name)
+{
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *value = NULL;
+    if (_PyType_Lookup(Py_TYPE(obj), key) == NULL) {
+        value = _PyObject_GenericGetAttrWithDict(obj, key, NULL, 1);
+    }
+    Py_DECREF(key);
+    return value;
+}
+
+/* The name threading gave the thread of `ident` and `native_id`, while it
+   runs; else NULL.  Reads dicts and attributes of instances only, so runs
+   no Python code (this is the eval loop's check point), and leaves any
+   error as it found it. */
+static PyObject *
+threading_name(PyInterpreterState *interp, unsigned long ident,
+               unsigned long native_id)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *name = NULL;
+    /* NULL once finalizing has cleared the modules. */
+    PyObject *module = interp->modules != NULL
+        ? PyDict_GetItemString(interp->modules, "threading") : NULL;
+    PyObject *active = module != NULL && PyModule_CheckExact(module)
+        ? PyDict_GetItemString(PyModule_GetDict(module), "_active") : NULL;
+    PyObject *key = active != NULL && PyDict_CheckExact(active)
+        ? PyLong_FromUnsignedLong(ident) : NULL;
+    PyObject *thread = key != NULL ? PyDict_GetItemWithError(active, key)
+                                   : NULL;
+    Py_XINCREF(thread);
+    Py_XDECREF(key);
+    if (thread != NULL) {
+        /* The ident of a thread gone may be another's now. */
+        PyObject *id = instance_attribute(thread, "_native_id");
+        if (id != NULL && PyLong_CheckExact(id)
+            && PyLong_AsUnsignedLong(id) == native_id)
+        {
+            name = instance_attribute(thread, "_name");
+            if (name != NULL && !PyUnicode_CheckExact(name)) {
+                Py_CLEAR(name);
+            }
+        }
+        Py_XDECREF(id);
+        Py_DECREF(thread);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    return name;
+}
+
+/* At most this many threads are looked up in threading at one answer. */
+#define NAMES_PER_ANSWER 4
+
+/* Names threads from threading while they run: those that came and went
+   between start() and stop() are named too.  Each answer looks up a few,
+   in turn, as threading knows a new thread only once it has started; a
+   thread not found in the latest walk is gone and goes without. */
+static void
+name_threads(SamplerObject *self)
+{
+    struct {
+        int32_t thread;
+        unsigned long ident, native_id;
+        PyObject *name;
+    } wanted[NAMES_PER_ANSWER];
+    int nwanted = 0;
+    pthread_mutex_lock(&self->lock);
+    for (int32_t i = 0; i < self->nunnamed && nwanted < NAMES_PER_ANSWER;
+         i++)
+    {
+        int32_t thread = self->unnamed[(self->unnamed_next + i)
+                                       % self->nunnamed];
+        ThreadInfo *info = &self->threads[thread];
+        if (info->walk == self->walks) {
+            wanted[nwanted].thread = thread;
+            wanted[nwanted].ident = info->ident;
+            wanted[nwanted].native_id = info->native_id;
+            nwanted++;
+        }
+    }
+    pthread_mutex_unlock(&self->lock);
+    for (int i = 0; i < nwanted; i++) {
+        wanted[i].name = threading_name(self->interp, wanted[i].ident,
+                                        wanted[i].native_id);
+    }
+    pthread_mutex_lock(&self->lock);
+    for (int i = 0; i < nwanted; i++) {
+        ThreadInfo *info = &self->threads[wanted[i].thread];
+        if (info->name == NULL) {
+            info->name = wanted[i].name;
+            wanted[i].name = NULL;
+        }
+    }
+    int32_t kept = 0;
+    for (int32_t i = 0; i < self->nunnamed; i++) {
+        ThreadInfo *info = &self->threads[self->unnamed[i]];
+        if (info->name == NULL && info->walk == self->walks) {
+            self->unnamed[kept++] = self->unnamed[i];
+        }
+    }
+    self->nunnamed = kept;
+    self->unnamed_next = kept ? (self->unnamed_next + nwanted) % kept : 0;
+    pthread_mutex_unlock(&self->lock);
+    for (int i = 0; i < nwanted; i++) {
+        Py_XDECREF(wanted[i].name);
+    }
 }
 
 #ifdef __linux__
@@ -1180,7 +1319,9 @@ answer(PyThreadState *tstate)
         move_sampler_off(self, cpu);
     }
 #endif
-    answer_request(self, tstate);
+    if (answer_request(self, tstate) && tstate->interp == self->interp) {
+        name_threads(self);
+    }
 #ifdef Py_TRACK_MEMORY
     pthread_mutex_lock(&self->lock);
     Py_ssize_t tags_wanted = self->tags_wanted;
@@ -1291,9 +1432,14 @@ clear_store(SamplerObject *self)
     PyMem_RawFree(self->tag_names);
     for (int32_t i = 0; i < self->nthreads; i++) {
         PyMem_RawFree(self->threads[i].path);
+        Py_XDECREF(self->threads[i].name);
     }
     PyMem_RawFree(self->threads);
     table_clear(&self->thread_table);
+    PyMem_RawFree(self->unnamed);
+    self->unnamed = NULL;
+    self->nunnamed = self->unnamed_capacity = self->unnamed_next = 0;
+    self->walks = 0;
     self->nodes = NULL;
     self->lines = NULL;
     self->lines_capacity = 0;
@@ -1687,8 +1833,9 @@ sample_item(SamplerObject *self, Py_ssize_t i)
 static PyObject *
 thread_item(SamplerObject *self, Py_ssize_t i)
 {
-    return Py_BuildValue("(kk)", self->threads[i].ident,
-                         self->threads[i].native_id);
+    ThreadInfo *info = &self->threads[i];
+    return Py_BuildValue("(kkO)", info->ident, info->native_id,
+                         info->name != NULL ? info->name : Py_None);
 }
 
 static PyObject *
@@ -1761,12 +1908,15 @@ _sampling_Sampler_samples_impl(SamplerObject *self)
 /*[clinic input]
 _sampling.Sampler.threads
 
-Return the threads sampled: a list of (ident, native_id) tuples.
+Return the threads sampled: a list of (ident, native_id, name) tuples.
+
+name is the thread's name in threading, looked up while it ran, or
+None.
 [clinic start generated code]*/
 
 static PyObject *
 _sampling_Sampler_threads_impl(SamplerObject *self)
-/*[clinic end generated code: output=f86d155a38aebac4 input=591aa8be84099c21]*/
+/*[clinic end generated code: output=f86d155a38aebac4 input=34009914f0ec18f3]*/
 {
     return make_list(self, self->nthreads, thread_item);
 }

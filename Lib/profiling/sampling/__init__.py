@@ -192,7 +192,7 @@ class Sampler:
         """The threads sampled: a list of (ident, native_id, name)."""
         data = self._read()
         return [(ident, native_id, data.thread_name(i))
-                for i, (ident, native_id) in enumerate(data.threads)]
+                for i, (ident, native_id, _) in enumerate(data.threads)]
 
     def results(self):
         """Everything recorded, in plain data (for a web page, say): a dict
@@ -203,11 +203,14 @@ class Sampler:
           columns from 0, None where unknown);
         - samples: a list of {time, thread, status, weight, frames,
           memory}: the seconds from the start to the sample's end, the
-          thread's ident, what it was doing (one of STATUSES), the ticks it
-          stands for (a thread that does the same at consecutive ticks has
-          one sample), the indexes of its frames outermost first, and the
-          memory then (the last memory sample's, or None);
-        - threads: a list of {ident, native_id, name};
+          index of its thread in threads, what the thread was doing (one
+          of STATUSES), the ticks it stands for (a thread that does the
+          same at consecutive ticks has one sample), the indexes of its
+          frames outermost first, and the memory then (the last memory
+          sample's, or None);
+        - threads: a list of {ident, native_id, name}, one per thread (an
+          ident may be used again by a thread that starts after another
+          ends);
         - memory: a list of {time, rss, tracked, types} (bytes; tracked is
           None without memory tracking; types the ten tags of
           sys.type_memory_usage() holding the most bytes then, a dict,
@@ -241,7 +244,7 @@ class Sampler:
         for tick, node, thread, status, weight in data.samples:
             samples.append({
                 "time": tick * data.interval,
-                "thread": data.threads[thread][0],
+                "thread": thread,
                 "status": STATUSES[status],
                 "weight": weight,
                 "frames": [node_place[n] for n in data.path(node)],
@@ -257,7 +260,8 @@ class Sampler:
             "samples": samples,
             "threads": [{"ident": ident, "native_id": native_id,
                          "name": data.thread_name(i)}
-                        for i, (ident, native_id) in enumerate(data.threads)],
+                        for i, (ident, native_id, _)
+                        in enumerate(data.threads)],
             "memory": [{"time": tick * data.interval, "rss": _known(rss),
                         "tracked": _known(tracked), "types": types}
                        for tick, rss, tracked, types in data.memory],
@@ -411,10 +415,12 @@ def _known(value):
 
 
 def _thread_names():
-    """The names of the threads threading knows of, by ident: those
-    running, and those that ran and are still referred to."""
+    """The names of the threads threading knows of, by ident and native
+    id (idents are reused): those running, and those that ran and are
+    still referred to."""
     threads = list(threading._dangling) + threading.enumerate()
-    return {t.ident: t.name for t in threads if t.ident is not None}
+    return {(t.ident, t.native_id): t.name
+            for t in threads if t.ident is not None}
 
 
 def _open_text(file):
@@ -464,17 +470,18 @@ class _Data:
         return _Memory(self.memory)
 
     def thread_name(self, index):
-        ident, native_id = self.threads[index]
-        return self._names.get(ident) or f"{native_id}"
+        ident, native_id, name = self.threads[index]
+        return (self._names.get((ident, native_id)) or name
+                or f"{native_id}")
 
     def thread_of(self, ident):
         if ident is not None:
-            for i, (t, _) in enumerate(self.threads):
+            for i, (t, *_) in enumerate(self.threads):
                 if t == ident:
                     return i
             raise ValueError(f"no thread of ident {ident} was sampled")
         main = threading.main_thread().ident
-        for i, (t, _) in enumerate(self.threads):
+        for i, (t, *_) in enumerate(self.threads):
             if t == main:
                 return i
         if not self.threads:
