@@ -521,7 +521,8 @@ class BasicTests(unittest.TestCase):
         # standing for them all.
         with sleeping_thread() as thread:
             sampler = Sampler(2000, thread=thread.ident)
-            sampler.run(work, 5)
+            # A time, not an amount of work: work(5) took 10 ms here.
+            sampler.run(spin, 0.05)
         r = results(sampler)
         self.assertGreater(r["total"], 20)
         # (At the first ticks it may still be on its way into wait().)
