@@ -30,9 +30,10 @@ from profiling.sampling import Sampler, STATUSES
 TRACKS_MEMORY = bool(sysconfig.get_config_var("Py_TRACK_MEMORY"))
 RUNNING, IN_C, WAITING_FOR_GIL, IDLE = STATUSES
 
-# A unit of work: about 5 ms in a release build, so a few hundred samples
-# at the rates used here for the work a test does.  Debug and sanitizer
-# builds are slower, and take more.
+# A unit of work: 2-5 ms in a release build, as the machine goes, so a
+# few hundred samples at the rates used here for the work a test does.
+# Debug and sanitizer builds are slower, and take more.  A test that needs
+# a number of ticks whatever the machine runs for a time (spin()).
 UNIT = 100_000
 
 
