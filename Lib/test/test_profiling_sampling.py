@@ -796,6 +796,35 @@ class StackTests(unittest.TestCase):
         self.assertEqual(functions_by_thread_name(r),
                          {"first": {"first"}, "second": {"second"}})
 
+    def test_export_of_a_reused_ident_is_the_latest_thread(self):
+        def first():
+            work(4)
+
+        def second():
+            work(4)
+
+        # glibc gives a thread the stack, so the ident, of one just joined.
+        for _ in range(5):
+            sampler = Sampler(2000, all_threads=True)
+            with sampler:
+                threads = [threading.Thread(target=f) for f in (first, second)]
+                for t in threads:
+                    t.start()
+                    t.join()
+            if threads[0].ident == threads[1].ident:
+                break
+        else:
+            self.skipTest("no ident was used again")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "p.cpuprofile")
+            sampler.dump_cpuprofile(path, thread=threads[1].ident)
+            with open(path, encoding="utf-8") as f:
+                nodes = json.load(f)["nodes"]
+        names = {n["callFrame"]["functionName"].rpartition(".")[2]
+                 for n in nodes}
+        self.assertIn("second", names)
+        self.assertNotIn("first", names)
+
     def test_thread_names_looked_up_without_running_code(self):
         # A thread class whose _name is a property: looking it up would
         # run Python code at the eval loop's check point, so the sampler

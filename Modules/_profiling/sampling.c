@@ -162,8 +162,10 @@ typedef struct {
        found in the latest walk is gone. */
     uint64_t walk;
     /* Its name in threading, looked up by a thread holding the GIL (see
-       name_threads()), or NULL. */
+       name_threads()), or NULL; and the version of threading's table of
+       running threads when it was last looked up in vain. */
     PyObject *name;
+    uint64_t looked_up;
 } ThreadInfo;
 
 /* A code object with nodes.  By address, not by reference: while the
@@ -224,6 +226,9 @@ typedef struct {
     int32_t *unnamed;
     int32_t nunnamed, unnamed_capacity;
     int32_t unnamed_next;
+    /* threading._active, at start(), if an exact dict; else NULL. */
+    PyObject *threading_active;
+    uint64_t store_generation;   /* counts clear_store() */
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
     uint64_t epoch;
@@ -1176,28 +1181,29 @@ instance_attribute(PyObject *obj, const char *name)
     return value;
 }
 
-/* The name threading gave the thread of `ident` and `native_id`, while it
-   runs; else NULL.  Reads dicts and attributes of instances only, so runs
-   no Python code (this is the eval loop's check point), and leaves any
-   error as it found it. */
+/* The name threading gave the thread of `ident` and `native_id`, found in
+   `active` (threading._active) while it runs; else NULL.  Compares keys
+   that are exact ints, and reads attributes of instances only, so as to
+   run no Python code (this is the eval loop's check point), and leaves
+   any error as it found it. */
 static PyObject *
-threading_name(PyInterpreterState *interp, unsigned long ident,
+threading_name(PyObject *active, unsigned long ident,
                unsigned long native_id)
 {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyObject *name = NULL;
-    /* NULL once finalizing has cleared the modules. */
-    PyObject *module = interp->modules != NULL
-        ? PyDict_GetItemString(interp->modules, "threading") : NULL;
-    PyObject *active = module != NULL && PyModule_CheckExact(module)
-        ? PyDict_GetItemString(PyModule_GetDict(module), "_active") : NULL;
-    PyObject *key = active != NULL && PyDict_CheckExact(active)
-        ? PyLong_FromUnsignedLong(ident) : NULL;
-    PyObject *thread = key != NULL ? PyDict_GetItemWithError(active, key)
-                                   : NULL;
-    Py_XINCREF(thread);
-    Py_XDECREF(key);
+    PyObject *thread = NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *item;
+    while (thread == NULL && PyDict_Next(active, &pos, &key, &item)) {
+        if (PyLong_CheckExact(key)) {
+            if (PyLong_AsUnsignedLong(key) == ident) {
+                thread = Py_NewRef(item);
+            }
+            PyErr_Clear();   /* a negative key */
+        }
+    }
     if (thread != NULL) {
         /* The ident of a thread gone may be another's now. */
         PyObject *id = instance_attribute(thread, "_native_id");
@@ -1227,6 +1233,13 @@ threading_name(PyInterpreterState *interp, unsigned long ident,
 static void
 name_threads(SamplerObject *self)
 {
+    PyObject *active = self->threading_active;
+    if (active == NULL) {
+        return;
+    }
+    /* A thread looked up in vain is looked up again once the table has
+       changed: a thread state outside threading costs a comparison. */
+    uint64_t version = ((PyDictObject *)active)->ma_version_tag;
     struct {
         int32_t thread;
         unsigned long ident, native_id;
@@ -1240,20 +1253,33 @@ name_threads(SamplerObject *self)
         int32_t thread = self->unnamed[(self->unnamed_next + i)
                                        % self->nunnamed];
         ThreadInfo *info = &self->threads[thread];
-        if (info->walk == self->walks) {
+        if (info->walk == self->walks && info->looked_up != version) {
+            info->looked_up = version;
             wanted[nwanted].thread = thread;
             wanted[nwanted].ident = info->ident;
             wanted[nwanted].native_id = info->native_id;
             nwanted++;
         }
     }
+    uint64_t generation = self->store_generation;
     pthread_mutex_unlock(&self->lock);
+    if (nwanted == 0) {
+        return;
+    }
+    /* Only a hostile key (a hash equal to a name's, an __eq__ in Python)
+       could run code below, and that code stop the sampler or start it
+       again: the references and the generation keep that safe. */
+    Py_INCREF(self);
+    Py_INCREF(active);
     for (int i = 0; i < nwanted; i++) {
-        wanted[i].name = threading_name(self->interp, wanted[i].ident,
+        wanted[i].name = threading_name(active, wanted[i].ident,
                                         wanted[i].native_id);
     }
+    Py_DECREF(active);
     pthread_mutex_lock(&self->lock);
-    for (int i = 0; i < nwanted; i++) {
+    for (int i = 0; i < nwanted && self->store_generation == generation;
+         i++)
+    {
         ThreadInfo *info = &self->threads[wanted[i].thread];
         if (info->name == NULL) {
             info->name = wanted[i].name;
@@ -1273,6 +1299,7 @@ name_threads(SamplerObject *self)
     for (int i = 0; i < nwanted; i++) {
         Py_XDECREF(wanted[i].name);
     }
+    Py_DECREF(self);
 }
 
 #ifdef __linux__
@@ -1440,6 +1467,8 @@ clear_store(SamplerObject *self)
     self->unnamed = NULL;
     self->nunnamed = self->unnamed_capacity = self->unnamed_next = 0;
     self->walks = 0;
+    Py_CLEAR(self->threading_active);
+    self->store_generation++;
     self->nodes = NULL;
     self->lines = NULL;
     self->lines_capacity = 0;
@@ -1675,6 +1704,31 @@ _sampling_Sampler___init___impl(SamplerObject *self, double interval,
     return 0;
 }
 
+/* Keeps threading._active, where threads are named (name_threads()). */
+static int
+find_threading_active(SamplerObject *self)
+{
+    PyObject *threading = PyImport_GetModule(&_Py_ID(threading));
+    if (threading == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *active = PyObject_GetAttrString(threading, "_active");
+    Py_DECREF(threading);
+    if (active == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyDict_CheckExact(active)) {
+        self->threading_active = active;
+        return 0;
+    }
+    Py_DECREF(active);
+    return 0;
+}
+
 /*[clinic input]
 _sampling.Sampler.start
 
@@ -1702,6 +1756,9 @@ _sampling_Sampler_start_impl(SamplerObject *self)
     clear_store(self);
     PyThreadState *tstate = _PyThreadState_GET();
     self->interp = tstate->interp;
+    if (find_threading_active(self) < 0) {
+        return NULL;
+    }
     self->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     self->request.pending = 0;
     _Py_atomic_store_relaxed(&self->stop_asked, 0);

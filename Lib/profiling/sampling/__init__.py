@@ -476,8 +476,10 @@ class _Data:
 
     def thread_of(self, ident):
         if ident is not None:
-            for i, (t, *_) in enumerate(self.threads):
-                if t == ident:
+            # The latest of the threads that had the ident: the one that
+            # has it now, if it runs.
+            for i in reversed(range(len(self.threads))):
+                if self.threads[i][0] == ident:
                     return i
             raise ValueError(f"no thread of ident {ident} was sampled")
         main = threading.main_thread().ident
