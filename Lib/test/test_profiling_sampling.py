@@ -44,6 +44,15 @@ def work(units):
     return total
 
 
+# The work of two threads, told apart by their functions' names.
+def first():
+    work(4)
+
+
+def second():
+    work(4)
+
+
 def one_share(units):
     total = 0
     for i in range(units * UNIT):
@@ -69,13 +78,13 @@ def split_work(rounds):
         three_shares(3)
 
 
-def on_schedule(function, *args):
-    """A cpu-mode sampler at 4 kHz that ran function(*args), run again (at
-    most three times) while it missed over 3% of its ticks: the ticks of
-    a stall (the system kept the sampler's thread off the CPU) all go to
-    where the thread was at its end, and skew the shares of functions."""
+def on_schedule(function, *args, **options):
+    """A Sampler(**options) that ran function(*args), run again (at most
+    three times) while it missed over 3% of its ticks: the ticks of a
+    stall (the system kept the sampler's thread off the CPU) all go to
+    where each thread was at its end, and skew the shares of functions."""
     for _ in range(3):
-        sampler = Sampler(4000, mode="cpu", memory_rate=0)
+        sampler = Sampler(**options)
         sampler.run(function, *args)
         if sampler.info()["missed_share"] <= 0.03:
             break
@@ -540,7 +549,8 @@ class AccuracyTests(unittest.TestCase):
         # On-CPU time: the share stays the same when other processes
         # take the CPU.  No memory samples: a reading's ticks go to where
         # the thread was when it read.
-        sampler = on_schedule(split_work, 20)
+        sampler = on_schedule(split_work, 20, rate=4000, mode="cpu",
+                              memory_rate=0)
         own = {}
         samples = results(sampler)["samples"]
         for sample in samples:
@@ -554,7 +564,8 @@ class AccuracyTests(unittest.TestCase):
                                msg=largest(samples))
 
     def test_pstats_split(self):
-        sampler = on_schedule(split_work, 20)
+        sampler = on_schedule(split_work, 20, rate=4000, mode="cpu",
+                              memory_rate=0)
         stats = pstats.Stats(sampler)
         by_name = {func[2].rpartition(".")[2]: value
                    for func, value in stats.stats.items()}
@@ -746,12 +757,6 @@ class StackTests(unittest.TestCase):
             self.assertEqual(names[-1], "work")
 
     def test_threads(self):
-        def first():
-            work(4)
-
-        def second():
-            work(4)
-
         sampler = Sampler(2000, all_threads=True)
         with sampler:
             threads = [threading.Thread(target=f, name=f.__name__)
@@ -766,27 +771,19 @@ class StackTests(unittest.TestCase):
     def test_threads_gone_before_stop_keep_their_names(self):
         # One after another, so that the second often has the first's
         # ident, and neither referred to at stop: named while they ran.
-        def first():
-            work(4)
-
-        def second():
-            work(4)
-
         def run_thread(function):
             t = threading.Thread(target=function, name=function.__name__)
             t.start()
             t.join()
             return t.ident, t.native_id
 
-        # Again (three times at most) after a stall of the sampler's
-        # thread, which could outlast a thread.
-        for _ in range(3):
-            sampler = Sampler(2000, all_threads=True)
-            with sampler:
-                ids = [run_thread(first), run_thread(second)]
-                gc.collect()
-            if sampler.info()["missed_share"] <= 0.03:
-                break
+        def run_threads():
+            ids[:] = [run_thread(first), run_thread(second)]
+            gc.collect()
+
+        # A stall of the sampler's thread could outlast a thread.
+        ids = []
+        sampler = on_schedule(run_threads, rate=2000, all_threads=True)
         self.assertFalse({(t.ident, t.native_id) for t in threading._dangling}
                          & set(ids))
         r = results(sampler)
@@ -797,12 +794,6 @@ class StackTests(unittest.TestCase):
                          {"first": {"first"}, "second": {"second"}})
 
     def test_export_of_a_reused_ident_is_the_latest_thread(self):
-        def first():
-            work(4)
-
-        def second():
-            work(4)
-
         # glibc gives a thread the stack, so the ident, of one just joined.
         for _ in range(5):
             sampler = Sampler(2000, all_threads=True)

@@ -475,17 +475,14 @@ class _Data:
                 or f"{native_id}")
 
     def thread_of(self, ident):
-        if ident is not None:
-            # The latest of the threads that had the ident: the one that
-            # has it now, if it runs.
-            for i in reversed(range(len(self.threads))):
-                if self.threads[i][0] == ident:
-                    return i
-            raise ValueError(f"no thread of ident {ident} was sampled")
-        main = threading.main_thread().ident
-        for i, (t, *_) in enumerate(self.threads):
-            if t == main:
+        # The latest of the threads that had the ident: the one that has
+        # it now, if it runs.
+        wanted = threading.main_thread().ident if ident is None else ident
+        for i in reversed(range(len(self.threads))):
+            if self.threads[i][0] == wanted:
                 return i
+        if ident is not None:
+            raise ValueError(f"no thread of ident {ident} was sampled")
         if not self.threads:
             raise ValueError("no thread was sampled")
         return 0
