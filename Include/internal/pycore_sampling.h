@@ -16,9 +16,10 @@ extern "C" {
    hold the GIL itself, holding the GIL's mutex so that none of them can
    take the GIL meanwhile.  The thread that holds the GIL it asks, through
    the eval breaker, to record its own stack at its next check point: the
-   interpreter calls `answer` there.  And as the samples keep code objects
-   by address, `code_died` is told of each code object freed while a
-   sampler runs, before its names are gone. */
+   interpreter calls `answer` there.  A thread clearing its own state
+   calls `state_cleared`, so that its last ticks are counted.  And as the
+   samples keep code objects by address, `code_died` is told of each code
+   object freed while a sampler runs, before its names are gone. */
 
 #define _PySampling_WAITING_SLOTS 128
 
@@ -28,6 +29,7 @@ struct _Py_sampling_hooks {
     _Py_atomic_int request;
     /* Set while a sampler runs. */
     void (*answer)(PyThreadState *tstate);
+    void (*state_cleared)(PyThreadState *tstate);
     void (*code_died)(PyCodeObject *code);
     /* Counts the takes of the GIL, with the GIL's mutex held: a thread
        without the GIL has the stack it had the last time the count was
@@ -73,6 +75,15 @@ _PySampling_IsWaiting(PyThreadState *tstate)
         }
     }
     return 0;
+}
+
+/* Called first by PyThreadState_Clear(). */
+static inline void
+_PySampling_ClearingState(PyThreadState *tstate)
+{
+    if (_PySampling.state_cleared != NULL) {
+        _PySampling.state_cleared(tstate);
+    }
 }
 
 /* Called by the eval loop when the eval breaker is set and a request is

@@ -149,6 +149,15 @@ def bursts(seconds, pause, used):
     used.append(time.thread_time() - start)
 
 
+def burn(seconds, used):
+    """Uses *seconds* of CPU time, and puts the CPU time of its thread so
+    far in the list *used*."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    used.append(time.thread_time())
+
+
 def sleeper(stop):
     stop.wait()  # sleeps here
 
@@ -639,6 +648,57 @@ class AccuracyTests(unittest.TestCase):
         self.assertAlmostEqual(weight, ticks, delta=0.05 * ticks + 3,
                                msg=heaviest)
 
+    def threads_in_turn(self, rate, seconds, count):
+        """Runs *count* threads one after another, each using *seconds* of
+        CPU time in burn(), sampled in cpu mode at *rate*: the CPU time
+        they used in ticks, their threads' records by index, and their
+        samples."""
+        used = []
+        native_ids = set()
+        sampler = Sampler(rate, mode="cpu", all_threads=True, memory_rate=0)
+        with sampler:
+            for i in range(count):
+                thread = threading.Thread(target=burn, args=(seconds, used),
+                                          name=f"burner-{i}")
+                thread.start()
+                thread.join()
+                native_ids.add(thread.native_id)
+        r = results(sampler)
+        ours = {i for i, t in enumerate(r["threads"])
+                if t["native_id"] in native_ids}
+        samples = [s for s in r["samples"] if s["thread"] in ours]
+        return (sum(used) / sampler.interval,
+                {i: r["threads"][i] for i in ours}, samples)
+
+    def test_cpu_mode_counts_a_thread_from_its_start_to_its_end(self):
+        # Each thread lives about three ticks: the CPU time before its
+        # first look and after its last counts, at its stack at the
+        # nearest look.  (One that a stall of the sampler kept from being
+        # looked at counts too, with no stack.)
+        ticks, threads, samples = self.threads_in_turn(2000, 0.0015, 40)
+        weight = sum(s["weight"] for s in samples)
+        self.assertAlmostEqual(weight, ticks, delta=0.05 * ticks + 2,
+                               msg=largest(samples))
+        looked_at = {s["thread"] for s in samples if s["stack"]}
+        self.assertGreaterEqual(len(looked_at), 20)
+        theirs = [s for s in samples if s["thread"] in looked_at]
+        in_burn = sum(s["weight"] for s in theirs
+                      if "burn" in stack_names(s))
+        self.assertGreaterEqual(
+            in_burn, 0.9 * sum(s["weight"] for s in theirs), largest(theirs))
+        named = [i for i in looked_at
+                 if threads[i]["name"].startswith("burner-")]
+        self.assertGreaterEqual(len(named), 0.9 * len(looked_at))
+
+    def test_cpu_mode_counts_threads_between_two_ticks(self):
+        # Most of them start and end between two ticks, and are never
+        # looked at: their CPU time counts as they end, with no stack; the
+        # time left over, less than half a tick, goes to the next one.
+        ticks, _, samples = self.threads_in_turn(1000, 0.0002, 200)
+        weight = sum(s["weight"] for s in samples)
+        self.assertAlmostEqual(weight, ticks, delta=0.15 * ticks + 3,
+                               msg=largest(samples))
+
     def test_long_c_call_is_in_c_at_its_line(self):
         sampler = Sampler(5000)
         sampler.run(lambda: [long_c_call() for _ in range(3)])
@@ -880,6 +940,25 @@ class StackTests(unittest.TestCase):
         names = {n: name for _, n, name in sampler.threads()}
         self.assertEqual(names[native_ids[0]], str(native_ids[0]))
 
+    def test_thread_named_when_it_next_holds_the_gil(self):
+        # Looked at (and asked for its stack) before threading has it in
+        # its table, it is looked up again as it next holds the GIL,
+        # though in cpu mode nothing asks it then: it used no CPU time
+        # since.  And it is gone, unreferenced, by stop().
+        class LateEntry(threading.Thread):
+            def _set_native_id(self):
+                spin(0.01)  # holding the GIL, not yet in threading._active
+                super()._set_native_id()
+
+        def run_late():
+            thread = LateEntry(target=time.sleep, args=(0.05,), name="late")
+            thread.start()
+            thread.join()
+
+        sampler = Sampler(2000, mode="cpu", all_threads=True, memory_rate=0)
+        sampler.run(run_late)
+        self.assertIn("late", [name for _, _, name in sampler.threads()])
+
     def test_one_given_thread(self):
         def other():
             work(4)
@@ -960,6 +1039,12 @@ class StressTests(unittest.TestCase):
 
     @threading_helper.requires_working_threading()
     def test_highest_rate_over_threads_coming_and_going(self):
+        # In cpu mode the threads' ends add samples too.
+        for mode in ("wall", "cpu"):
+            with self.subTest(mode=mode):
+                self.threads_coming_and_going(mode)
+
+    def threads_coming_and_going(self, mode):
         stop = threading.Event()
         started = [0, 0]  # threads each spawner started
         names = {}  # by (ident, native_id): idents are reused at once
@@ -984,8 +1069,8 @@ class StressTests(unittest.TestCase):
 
         spawners = [threading.Thread(target=spawner, args=(i,))
                     for i in range(2)]
-        sampler = Sampler(profiling.sampling.MAX_RATE, all_threads=True,
-                          memory_rate=1000)
+        sampler = Sampler(profiling.sampling.MAX_RATE, mode=mode,
+                          all_threads=True, memory_rate=1000)
         with sampler:
             for t in spawners:
                 t.start()
@@ -1013,10 +1098,10 @@ class StressTests(unittest.TestCase):
         self.assertGreater(named, 0)
         for sample in r["samples"]:
             self.assertIn(sample["thread"], range(len(r["threads"])))
-            names = stack_names(sample)
-            if "short_lived" in names[:-1]:
-                self.assertEqual(names[names.index("short_lived") + 1],
-                                 "recurse")
+            functions = stack_names(sample)
+            if "short_lived" in functions[:-1]:
+                self.assertEqual(
+                    functions[functions.index("short_lived") + 1], "recurse")
 
     def test_ticks_of_threads_contending_for_the_gil(self):
         # At a tick when the sampler cannot take the GIL's mutex at once,

@@ -143,7 +143,7 @@ typedef struct {
     unsigned long native_id;
     clockid_t cpu_clock;
     int has_cpu_clock;
-    int64_t cpu_ns;          /* its CPU time at the last look */
+    int64_t cpu_ns;          /* its CPU time counted so far */
     Py_ssize_t last_sample;  /* its latest sample, or -1 */
     /* Ticks it was not read at (the GIL's mutex was busy): weight of the
        next look. */
@@ -161,6 +161,8 @@ typedef struct {
     /* The walk of the thread list it was last found in: a thread not
        found in the latest walk is gone. */
     uint64_t walk;
+    /* It cleared its state (end_thread()): its ticks are all counted. */
+    int ended;
     /* Its name in threading, looked up by a thread holding the GIL (see
        name_threads()), or NULL; and the version of threading's table of
        running threads when it was last looked up in vain. */
@@ -229,6 +231,12 @@ typedef struct {
     /* threading._active, at start(), if an exact dict; else NULL. */
     PyObject *threading_active;
     uint64_t store_generation;   /* counts clear_store() */
+    /* Thread states made since start() have ids above this one. */
+    uint64_t last_id_at_start;
+    /* In cpu mode, the CPU time that threads used after their last look,
+       counted as ticks when they end: what is left of it, less than half
+       a tick, is carried to the next thread that ends. */
+    int64_t cpu_left_ns;
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
     uint64_t epoch;
@@ -574,7 +582,11 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
 #endif
     struct timespec ts;
     info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
-    info->cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    /* A state made since start() is of a thread started since (or of a C
+       thread calling Python): its CPU time counts from the thread's start,
+       up to the ticks of this look (cpu_ticks()).  Else from now. */
+    info->cpu_ns = tstate->id > self->last_id_at_start
+                   ? 0 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     return self->nthreads++;
 }
 
@@ -620,6 +632,13 @@ add_sample(SamplerObject *self, uint32_t tick, int32_t node, int32_t thread,
     }
 }
 
+/* Whether the sampler watches `tstate`'s thread. */
+static int
+watches(SamplerObject *self, PyThreadState *tstate)
+{
+    return self->all_threads || tstate->thread_id == self->only_ident;
+}
+
 /* The record of `tstate`'s thread, if the sampler watches it; else (or
    out of memory) NULL. */
 static ThreadInfo *
@@ -630,15 +649,17 @@ watched(SamplerObject *self, PyThreadState *tstate)
     }
     int32_t thread = known_thread(self, tstate);
     if (thread >= 0) {
-        self->threads[thread].walk = self->walks;
-        return &self->threads[thread];
+        ThreadInfo *info = &self->threads[thread];
+        if (info->ended) {
+            return NULL;
+        }
+        info->walk = self->walks;
+        return info;
     }
     /* A new thread's state holds the ident of the thread that made it
        until the new thread starts and sets its own (before it takes the
        GIL and pushes a frame): a state without frames is not yet known. */
-    if (tstate->cframe->current_frame == NULL
-        || !(self->all_threads || tstate->thread_id == self->only_ident))
-    {
+    if (tstate->cframe->current_frame == NULL || !watches(self, tstate)) {
         return NULL;
     }
     thread = thread_index(self, tstate);
@@ -875,10 +896,13 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
     }
     pthread_mutex_unlock(&gil->mutex);
 done:;
-    int asked = self->request.pending;
+    /* Unnamed threads are named by the holder as it answers, asked or
+       not: a thread may be looked at before threading has it in its
+       table, and in cpu mode not be asked again before it ends. */
+    int tell = self->request.pending || self->nunnamed > 0;
     pthread_mutex_unlock(&self->lock);
     PyThread_release_lock(runtime->interpreters.mutex);
-    if (asked && current == NULL) {
+    if (tell && current == NULL) {
         tell_holder(self);
     }
 }
@@ -1226,6 +1250,22 @@ threading_name(PyObject *active, unsigned long ident,
 /* At most this many threads are looked up in threading at one answer. */
 #define NAMES_PER_ANSWER 4
 
+/* Keeps in `unnamed` the threads still unnamed and running: found in the
+   latest walk, and not ended. */
+static void
+keep_unnamed(SamplerObject *self)
+{
+    int32_t kept = 0;
+    for (int32_t i = 0; i < self->nunnamed; i++) {
+        ThreadInfo *info = &self->threads[self->unnamed[i]];
+        if (info->name == NULL && info->walk == self->walks && !info->ended) {
+            self->unnamed[kept++] = self->unnamed[i];
+        }
+    }
+    self->nunnamed = kept;
+    self->unnamed_next = kept ? self->unnamed_next % kept : 0;
+}
+
 /* Names threads from threading while they run: those that came and went
    between start() and stop() are named too.  Each answer looks up a few,
    in turn, as threading knows a new thread only once it has started; a
@@ -1247,13 +1287,14 @@ name_threads(SamplerObject *self)
     } wanted[NAMES_PER_ANSWER];
     int nwanted = 0;
     pthread_mutex_lock(&self->lock);
+    keep_unnamed(self);
     for (int32_t i = 0; i < self->nunnamed && nwanted < NAMES_PER_ANSWER;
          i++)
     {
         int32_t thread = self->unnamed[(self->unnamed_next + i)
                                        % self->nunnamed];
         ThreadInfo *info = &self->threads[thread];
-        if (info->walk == self->walks && info->looked_up != version) {
+        if (info->looked_up != version) {
             info->looked_up = version;
             wanted[nwanted].thread = thread;
             wanted[nwanted].ident = info->ident;
@@ -1286,15 +1327,8 @@ name_threads(SamplerObject *self)
             wanted[i].name = NULL;
         }
     }
-    int32_t kept = 0;
-    for (int32_t i = 0; i < self->nunnamed; i++) {
-        ThreadInfo *info = &self->threads[self->unnamed[i]];
-        if (info->name == NULL && info->walk == self->walks) {
-            self->unnamed[kept++] = self->unnamed[i];
-        }
-    }
-    self->nunnamed = kept;
-    self->unnamed_next = kept ? (self->unnamed_next + nwanted) % kept : 0;
+    self->unnamed_next += nwanted;
+    keep_unnamed(self);
     pthread_mutex_unlock(&self->lock);
     for (int i = 0; i < nwanted; i++) {
         Py_XDECREF(wanted[i].name);
@@ -1364,6 +1398,94 @@ answer(PyThreadState *tstate)
         answer_request(self, tstate);
     }
 #endif
+}
+
+/* A thread clears its state, holding the GIL, its frames gone: the last
+   the sampler sees of it.  Its ticks not yet counted go to the stack of its
+   latest sample: the request it did not answer, and in cpu mode the CPU
+   time it used since its last look.  In cpu mode a thread that threading
+   started and that ended between two ticks, never looked at, is counted
+   too, with no stack (threading's Thread sets the state's on_delete as it
+   starts; a C thread calling Python may make a state for each call, long
+   after its own start). */
+static void
+end_thread(SamplerObject *self, PyThreadState *tstate)
+{
+    pthread_mutex_lock(&self->lock);
+    int32_t thread = known_thread(self, tstate);
+    ThreadInfo *info = thread >= 0 ? &self->threads[thread] : NULL;
+    if (info != NULL) {
+        info->ended = 1;
+    }
+    int32_t node = info != NULL && info->last_sample >= 0
+                   ? self->samples[info->last_sample].node : -1;
+    if (info != NULL && self->request.pending
+        && self->request.tstate_id == tstate->id)
+    {
+        uint32_t late = self->request.late;
+        add_sample(self, self->request.tick + late, node, thread,
+                   STATUS_IN_C, self->request.weight + late);
+        self->request.pending = 0;
+    }
+    if (!self->cpu_mode
+        || (info == NULL && !(tstate->id > self->last_id_at_start
+                              && tstate->on_delete != NULL
+                              && watches(self, tstate))))
+    {
+        goto done;
+    }
+    struct timespec ts;
+    if (info != NULL ? !info->has_cpu_clock
+                       || clock_gettime(info->cpu_clock, &ts) != 0
+                     : clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+    {
+        goto done;
+    }
+    self->cpu_left_ns += (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec
+                         - (info != NULL ? info->cpu_ns : 0);
+    if (self->cpu_left_ns < self->interval_ns / 2) {
+        goto done;
+    }
+    /* The tick under way: later than every tick taken. */
+    uint64_t tick = (uint64_t)((monotonic_ns() - self->start_ns)
+                               / self->interval_ns) + 1;
+    if (tick > UINT32_MAX) {
+        goto done;
+    }
+    if (info == NULL) {
+        thread = thread_index(self, tstate);
+        if (thread < 0) {
+            self->out_of_memory = 1;
+            goto done;
+        }
+        info = &self->threads[thread];
+        info->ended = 1;
+    }
+    uint64_t since = tick;
+    if (info->last_sample >= 0) {
+        since -= self->samples[info->last_sample].tick;
+    }
+    /* Not more than its time since: the rest goes to the next one. */
+    uint64_t ticks = Py_MIN(
+        (uint64_t)(self->cpu_left_ns + self->interval_ns / 2)
+        / (uint64_t)self->interval_ns, since);
+    add_sample(self, (uint32_t)tick, node, thread, STATUS_RUNNING,
+               (uint32_t)ticks);
+    self->cpu_left_ns -= (int64_t)ticks * self->interval_ns;
+done:
+    pthread_mutex_unlock(&self->lock);
+}
+
+static void
+state_cleared(PyThreadState *tstate)
+{
+    SamplerObject *self = active;
+    /* Not the states that Py_Finalize() clears of other threads. */
+    if (self != NULL && tstate == _PyThreadState_GET()
+        && tstate->interp == self->interp)
+    {
+        end_thread(self, tstate);
+    }
 }
 
 /* The names of a code object and the lines of its nodes, while it is
@@ -1522,6 +1644,7 @@ stop_thread(SamplerObject *self)
     pthread_join(self->thread, NULL);
     Py_END_ALLOW_THREADS
     _PySampling.answer = NULL;
+    _PySampling.state_cleared = NULL;
     _Py_atomic_store_relaxed(&_PySampling.request, 0);
 }
 
@@ -1609,6 +1732,7 @@ after_fork_in_child(void)
     }
     (void)init_locks(self);
     _PySampling.answer = NULL;
+    _PySampling.state_cleared = NULL;
     _Py_atomic_store_relaxed(&_PySampling.request, 0);
     self->request.pending = 0;
     self->stop_ns = monotonic_ns();
@@ -1761,6 +1885,10 @@ _sampling_Sampler_start_impl(SamplerObject *self)
     }
     self->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     self->request.pending = 0;
+    self->cpu_left_ns = 0;
+    PyThread_acquire_lock(_PyRuntime.interpreters.mutex, WAIT_LOCK);
+    self->last_id_at_start = self->interp->threads.next_unique_id;
+    PyThread_release_lock(_PyRuntime.interpreters.mutex);
     _Py_atomic_store_relaxed(&self->stop_asked, 0);
 #ifdef __linux__
     _Py_atomic_store_relaxed(&self->sampler_cpu, -1);
@@ -1774,10 +1902,12 @@ _sampling_Sampler_start_impl(SamplerObject *self)
     self->start_ns = monotonic_ns();
     active = (SamplerObject *)Py_NewRef(self);
     _PySampling.answer = answer;
+    _PySampling.state_cleared = state_cleared;
     _PySampling.code_died = code_died;
     int err = pthread_create(&self->thread, NULL, sampler_main, self);
     if (err != 0) {
         _PySampling.answer = NULL;
+        _PySampling.state_cleared = NULL;
         _PySampling.code_died = NULL;
         active = NULL;
         Py_DECREF(self);
