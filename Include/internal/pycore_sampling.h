@@ -77,7 +77,9 @@ _PySampling_IsWaiting(PyThreadState *tstate)
     return 0;
 }
 
-/* Called first by PyThreadState_Clear(). */
+/* Called first by PyThreadState_Clear(), for every state: before the
+   state's on_delete lets Thread.join() return, so that a thread joined is
+   counted to its end.  The sampler keeps to its own thread's. */
 static inline void
 _PySampling_ClearingState(PyThreadState *tstate)
 {

@@ -944,7 +944,8 @@ class StackTests(unittest.TestCase):
         # Looked at (and asked for its stack) before threading has it in
         # its table, it is looked up again as it next holds the GIL,
         # though in cpu mode nothing asks it then: it used no CPU time
-        # since.  And it is gone, unreferenced, by stop().
+        # since.  Its Thread is gone by stop(), so only the engine can
+        # have named it.
         class LateEntry(threading.Thread):
             def _set_native_id(self):
                 spin(0.01)  # holding the GIL, not yet in threading._active
@@ -1237,6 +1238,32 @@ class ProcessTests(unittest.TestCase):
             sum(range(100000))
         """)
         script_helper.assert_python_ok("-c", code)
+
+    def test_with_tracemalloc(self):
+        # tracemalloc's hooks on Python's allocators take the GIL, which
+        # the sampler's thread must never wait for: it holds the GIL's
+        # mutex at a tick.  In a child process, so that a hang fails.
+        code = textwrap.dedent("""
+            import threading, tracemalloc
+            from profiling.sampling import Sampler
+            def work():
+                return [str(i) for i in range(100_000)]
+            tracemalloc.start()
+            sampler = Sampler(10_000, all_threads=True)
+            with sampler:
+                threads = [threading.Thread(target=work) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                work()
+                for t in threads:
+                    t.join()
+            print(sampler.info()["samples"] > 0)
+        """)
+        import subprocess
+        proc = subprocess.run([sys.executable, "-c", code],
+                              capture_output=True, text=True,
+                              timeout=support.SHORT_TIMEOUT)
+        self.assertEqual(proc.stdout, "True\n", proc.stderr)
 
 
 class Recorded(unittest.TestCase):

@@ -46,6 +46,12 @@
 #include "pycore_pystate.h"       // _PyThreadState_GET()
 #include "pycore_runtime.h"       // _PyRuntime
 #include "pycore_sampling.h"      // _PySampling
+/* The store comes from the C library's allocator: the sampler thread has
+   no thread state, and a hook on Python's allocators may take the GIL
+   (tracemalloc's does), which the thread waits for while it holds the
+   GIL's mutex.  So neither tracemalloc nor memory tracking counts it. */
+#define TABLE_CALLOC calloc
+#define TABLE_FREE free
 #include "table.h"
 
 #include <errno.h>
@@ -80,6 +86,8 @@ static const char *const status_names[STATUSES] = {
 /* Above this rate the sampler thread waits for its deadlines awake: waking
    from a sleep takes about as long as the interval. */
 #define SLEEPLESS_NS 50000
+/* How often the holder is told to look up threads still unnamed. */
+#define NAMES_EVERY_NS 10000000
 /* How long a tick tries for the GIL's mutex before it does without. */
 #define GIL_MUTEX_TRIES 1000
 
@@ -144,6 +152,7 @@ typedef struct {
     clockid_t cpu_clock;
     int has_cpu_clock;
     int64_t cpu_ns;          /* its CPU time counted so far */
+    int64_t cpu_unseen_ns;   /* its CPU time before its first look */
     Py_ssize_t last_sample;  /* its latest sample, or -1 */
     /* Ticks it was not read at (the GIL's mutex was busy): weight of the
        next look. */
@@ -161,7 +170,7 @@ typedef struct {
     /* The walk of the thread list it was last found in: a thread not
        found in the latest walk is gone. */
     uint64_t walk;
-    /* It cleared its state (end_thread()): its ticks are all counted. */
+    /* It cleared its state (end_thread()): it is not looked at again. */
     int ended;
     /* Its name in threading, looked up by a thread holding the GIL (see
        name_threads()), or NULL; and the version of threading's table of
@@ -210,7 +219,7 @@ typedef struct {
     Py_ssize_t nmemory, memory_capacity;
     TagBytes *tags;
     Py_ssize_t ntags, tags_capacity;
-    char **tag_names;        /* copies, from the raw domain */
+    char **tag_names;        /* copies */
     Py_ssize_t ntag_names, tag_names_capacity;
     /* The memory sample whose top tags the next check point of the eval
        loop reads; -1 for none. */
@@ -228,14 +237,18 @@ typedef struct {
     int32_t *unnamed;
     int32_t nunnamed, unnamed_capacity;
     int32_t unnamed_next;
+    /* Whether a thread was added since the holder was last told to look
+       them up, and the tick it was told at. */
+    int unnamed_new;
+    uint32_t names_told;
     /* threading._active, at start(), if an exact dict; else NULL. */
     PyObject *threading_active;
     uint64_t store_generation;   /* counts clear_store() */
     /* Thread states made since start() have ids above this one. */
     uint64_t last_id_at_start;
-    /* In cpu mode, the CPU time that threads used after their last look,
-       counted as ticks when they end: what is left of it, less than half
-       a tick, is carried to the next thread that ends. */
+    /* In cpu mode, the CPU time that threads used after their last look
+       (and before their first), counted as ticks when they end: what is
+       left (or was counted ahead, rounding) goes to the next that ends. */
     int64_t cpu_left_ns;
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
@@ -310,8 +323,7 @@ grow(void **array, Py_ssize_t *capacity, Py_ssize_t count, size_t item)
     if ((size_t)wanted > PY_SSIZE_T_MAX / item) {
         return -1;
     }
-    /* The raw domain: the sampler thread has no GIL. */
-    void *bigger = PyMem_RawRealloc(*array, (size_t)wanted * item);
+    void *bigger = realloc(*array, (size_t)wanted * item);
     if (bigger == NULL) {
         return -1;
     }
@@ -465,14 +477,14 @@ intern_stack(SamplerObject *self, _PyInterpreterFrame *innermost,
             continue;
         }
         if (depth == capacity) {
-            _PyInterpreterFrame **more = PyMem_RawMalloc(
+            _PyInterpreterFrame **more = malloc(
                 (size_t)capacity * 2 * sizeof(*more));
             if (more == NULL) {
                 break;
             }
             memcpy(more, frames, (size_t)depth * sizeof(*more));
             if (frames != stack) {
-                PyMem_RawFree(frames);
+                free(frames);
             }
             frames = more;
             capacity *= 2;
@@ -512,7 +524,7 @@ intern_stack(SamplerObject *self, _PyInterpreterFrame *innermost,
         }
     }
     if (frames != stack) {
-        PyMem_RawFree(frames);
+        free(frames);
     }
     return node;
 }
@@ -562,11 +574,13 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
                          .last_sample = -1, .walk = self->walks};
     table_add(&self->thread_table, table_hash(NULL, info->id),
               self->nthreads);
-    /* Out of memory, it goes without a name. */
-    if (grow32((void **)&self->unnamed, &self->unnamed_capacity,
-               self->nunnamed, sizeof(int32_t)) == 0)
+    /* Out of memory, or without threading, it goes without a name. */
+    if (self->threading_active != NULL
+        && grow32((void **)&self->unnamed, &self->unnamed_capacity,
+                  self->nunnamed, sizeof(int32_t)) == 0)
     {
         self->unnamed[self->nunnamed++] = self->nthreads;
+        self->unnamed_new = 1;
     }
 #ifdef __linux__
     /* The clock of the thread by its kernel id, as glibc makes it (a
@@ -582,11 +596,8 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
 #endif
     struct timespec ts;
     info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
-    /* A state made since start() is of a thread started since (or of a C
-       thread calling Python): its CPU time counts from the thread's start,
-       up to the ticks of this look (cpu_ticks()).  Else from now. */
-    info->cpu_ns = tstate->id > self->last_id_at_start
-                   ? 0 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    info->cpu_ns = info->cpu_unseen_ns
+        = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     return self->nthreads++;
 }
 
@@ -689,8 +700,12 @@ cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
     uint64_t ticks = (uint64_t)(used + self->interval_ns / 2)
                      / (uint64_t)self->interval_ns;
     if (ticks > weight) {
-        /* More than the ticks it stands for: not carried either. */
-        info->cpu_ns = now;
+        /* More than the ticks it stands for: the tick was late by part of
+           an interval, which the tick numbers do not show.  Up to a tick
+           of it is carried. */
+        info->cpu_ns = Py_MAX(
+            info->cpu_ns + (int64_t)weight * self->interval_ns,
+            now - self->interval_ns);
         return weight;
     }
     info->cpu_ns += (int64_t)ticks * self->interval_ns;
@@ -896,10 +911,19 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
     }
     pthread_mutex_unlock(&gil->mutex);
 done:;
-    /* Unnamed threads are named by the holder as it answers, asked or
-       not: a thread may be looked at before threading has it in its
-       table, and in cpu mode not be asked again before it ends. */
-    int tell = self->request.pending || self->nunnamed > 0;
+    /* The holder, as it answers, looks up unnamed threads: told so at
+       once of a new one, and every NAMES_EVERY_NS while any is unnamed,
+       asked or not (a thread looked at before threading had it in its
+       table may not be asked again, in cpu mode, before it ends). */
+    int tell = self->request.pending;
+    if (self->nunnamed > 0
+        && (self->unnamed_new || (uint64_t)(tick - self->names_told)
+                                 * self->interval_ns >= NAMES_EVERY_NS))
+    {
+        tell = 1;
+        self->unnamed_new = 0;
+        self->names_told = tick;
+    }
     pthread_mutex_unlock(&self->lock);
     PyThread_release_lock(runtime->interpreters.mutex);
     if (tell && current == NULL) {
@@ -978,7 +1002,7 @@ tag_name(SamplerObject *self, const char *name)
         return -1;
     }
     size_t size = strlen(name) + 1;
-    char *copy = PyMem_RawMalloc(size);
+    char *copy = malloc(size);
     if (copy == NULL) {
         return -1;
     }
@@ -1404,10 +1428,11 @@ answer(PyThreadState *tstate)
    the sampler sees of it.  Its ticks not yet counted go to the stack of its
    latest sample: the request it did not answer, and in cpu mode the CPU
    time it used since its last look.  In cpu mode a thread that threading
-   started and that ended between two ticks, never looked at, is counted
-   too, with no stack (threading's Thread sets the state's on_delete as it
-   starts; a C thread calling Python may make a state for each call, long
-   after its own start). */
+   started since start() counts its CPU time before its first look too,
+   and one that ended between two ticks, never looked at, all of it, with
+   no stack.  (threading's Thread sets the state's on_delete as it starts;
+   a C thread calling Python may make a state for each call, long after
+   its own start.) */
 static void
 end_thread(SamplerObject *self, PyThreadState *tstate)
 {
@@ -1427,10 +1452,11 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
                    STATUS_IN_C, self->request.weight + late);
         self->request.pending = 0;
     }
+    /* Its CPU clock started with the thread, after start(). */
+    int started_since = tstate->id > self->last_id_at_start
+                        && tstate->on_delete != NULL;
     if (!self->cpu_mode
-        || (info == NULL && !(tstate->id > self->last_id_at_start
-                              && tstate->on_delete != NULL
-                              && watches(self, tstate))))
+        || (info == NULL && !(started_since && watches(self, tstate))))
     {
         goto done;
     }
@@ -1441,8 +1467,14 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     {
         goto done;
     }
-    self->cpu_left_ns += (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec
-                         - (info != NULL ? info->cpu_ns : 0);
+    int64_t cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    if (info == NULL) {
+        self->cpu_left_ns += cpu_ns;
+    }
+    else {
+        self->cpu_left_ns += cpu_ns - info->cpu_ns
+                             + (started_since ? info->cpu_unseen_ns : 0);
+    }
     if (self->cpu_left_ns < self->interval_ns / 2) {
         goto done;
     }
@@ -1501,7 +1533,7 @@ resolve_code(SamplerObject *self, CodeEntry *entry)
         /* While sampling, room for more nodes; at stop, just enough. */
         int32_t capacity = self->running ? self->nodes_capacity
                                          : self->nnodes;
-        NodeLines *lines = PyMem_RawRealloc(
+        NodeLines *lines = realloc(
             self->lines, (size_t)capacity * sizeof(NodeLines));
         if (lines == NULL) {
             self->out_of_memory = 1;
@@ -1567,27 +1599,29 @@ clear_store(SamplerObject *self)
         Py_XDECREF(self->codes[i].name);
         Py_XDECREF(self->codes[i].filename);
     }
-    PyMem_RawFree(self->nodes);
-    PyMem_RawFree(self->lines);
+    free(self->nodes);
+    free(self->lines);
     table_clear(&self->node_table);
-    PyMem_RawFree(self->codes);
+    free(self->codes);
     table_clear(&self->code_table);
-    PyMem_RawFree(self->samples);
-    PyMem_RawFree(self->memory);
-    PyMem_RawFree(self->tags);
+    free(self->samples);
+    free(self->memory);
+    free(self->tags);
     for (Py_ssize_t i = 0; i < self->ntag_names; i++) {
-        PyMem_RawFree(self->tag_names[i]);
+        free(self->tag_names[i]);
     }
-    PyMem_RawFree(self->tag_names);
+    free(self->tag_names);
     for (int32_t i = 0; i < self->nthreads; i++) {
-        PyMem_RawFree(self->threads[i].path);
+        free(self->threads[i].path);
         Py_XDECREF(self->threads[i].name);
     }
-    PyMem_RawFree(self->threads);
+    free(self->threads);
     table_clear(&self->thread_table);
-    PyMem_RawFree(self->unnamed);
+    free(self->unnamed);
     self->unnamed = NULL;
     self->nunnamed = self->unnamed_capacity = self->unnamed_next = 0;
+    self->unnamed_new = 0;
+    self->names_told = 0;
     self->walks = 0;
     Py_CLEAR(self->threading_active);
     self->store_generation++;

@@ -3,13 +3,18 @@
    an empty slot.  The caller hashes and compares its own entries; the
    table only keeps their indexes.
 
-   Memory comes from the raw domain: the sampling profiler grows its tables
-   in a thread that does not hold the GIL. */
+   Memory comes from the raw domain, unless the includer names other
+   functions (the sampling profiler: see sampling.c). */
 
 #ifndef SIGHTGLASS_PROFILING_TABLE_H
 #define SIGHTGLASS_PROFILING_TABLE_H
 
 #include "Python.h"
+
+#ifndef TABLE_CALLOC
+#  define TABLE_CALLOC PyMem_RawCalloc
+#  define TABLE_FREE PyMem_RawFree
+#endif
 
 typedef struct {
     int32_t *slots;
@@ -45,7 +50,7 @@ table_reserve(IndexTable *table, int quarters, void *owner,
         return -1;
     }
     uint32_t size = table->slots == NULL ? 64 : (table->mask + 1) * 2;
-    int32_t *slots = PyMem_RawCalloc(size, sizeof(int32_t));
+    int32_t *slots = TABLE_CALLOC(size, sizeof(int32_t));
     if (slots == NULL) {
         return -1;
     }
@@ -59,7 +64,7 @@ table_reserve(IndexTable *table, int quarters, void *owner,
             slots[j] = entry;
         }
     }
-    PyMem_RawFree(table->slots);
+    TABLE_FREE(table->slots);
     table->slots = slots;
     table->mask = size - 1;
     return 0;
@@ -100,7 +105,7 @@ table_add(IndexTable *table, uint32_t hash, int32_t index)
 static void
 table_clear(IndexTable *table)
 {
-    PyMem_RawFree(table->slots);
+    TABLE_FREE(table->slots);
     table->slots = NULL;
     table->mask = 0;
     table->used = 0;
