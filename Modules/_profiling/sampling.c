@@ -594,7 +594,7 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
         return self->nthreads++;
     }
 #endif
-    struct timespec ts;
+    struct timespec ts = {0, 0};
     info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
     info->cpu_ns = info->cpu_unseen_ns
         = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -1452,7 +1452,9 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
                    STATUS_IN_C, self->request.weight + late);
         self->request.pending = 0;
     }
-    /* Its CPU clock started with the thread, after start(). */
+    /* Its CPU clock started with the thread, after start().  (Unless
+       threading was first imported from a C thread's temporary state,
+       which its main Thread then takes for its own: rare, embedders.) */
     int started_since = tstate->id > self->last_id_at_start
                         && tstate->on_delete != NULL;
     if (!self->cpu_mode
