@@ -301,12 +301,26 @@ class _sampling.Sampler "SamplerObject *" "&PyBaseObject_Type"
 
 /* Time */
 
+static inline int64_t
+timespec_ns(const struct timespec *ts)
+{
+    return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
 static int64_t
 monotonic_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return timespec_ns(&ts);
+}
+
+
+/* The tick under way at `ns` (monotonic_ns()): taken at its end. */
+static uint64_t
+tick_at(SamplerObject *self, int64_t ns)
+{
+    return (uint64_t)((ns - self->start_ns) / self->interval_ns) + 1;
 }
 
 
@@ -596,8 +610,7 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
 #endif
     struct timespec ts = {0, 0};
     info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
-    info->cpu_ns = info->cpu_unseen_ns
-        = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    info->cpu_ns = info->cpu_unseen_ns = timespec_ns(&ts);
     return self->nthreads++;
 }
 
@@ -692,7 +705,7 @@ cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
     if (!info->has_cpu_clock || clock_gettime(info->cpu_clock, &ts) != 0) {
         return 0;
     }
-    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t now = timespec_ns(&ts);
     int64_t used = now - info->cpu_ns;
     if (used <= 0) {
         return 0;
@@ -1469,7 +1482,7 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     {
         goto done;
     }
-    int64_t cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t cpu_ns = timespec_ns(&ts);
     if (info == NULL) {
         self->cpu_left_ns += cpu_ns;
     }
@@ -1480,9 +1493,8 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     if (self->cpu_left_ns < self->interval_ns / 2) {
         goto done;
     }
-    /* The tick under way: later than every tick taken. */
-    uint64_t tick = (uint64_t)((monotonic_ns() - self->start_ns)
-                               / self->interval_ns) + 1;
+    /* Later than every tick taken. */
+    uint64_t tick = tick_at(self, monotonic_ns());
     if (tick > UINT32_MAX) {
         goto done;
     }
@@ -1710,8 +1722,7 @@ stop(SamplerObject *self)
        its frames, and this one is at its call of stop(). */
     self->stop_ns = monotonic_ns();
     /* The ticks since the sampler's last, the one under way included. */
-    uint64_t due = (uint64_t)((self->stop_ns - self->start_ns)
-                              / self->interval_ns) + 1;
+    uint64_t due = tick_at(self, self->stop_ns);
     if (due > self->last_tick && due <= UINT32_MAX) {
         take_tick(self, (uint32_t)due, (uint32_t)due - self->last_tick,
                   _PyThreadState_GET());
