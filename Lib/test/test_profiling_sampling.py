@@ -82,7 +82,8 @@ def on_schedule(function, *args, **options):
     """A Sampler(**options) that ran function(*args), run again (at most
     three times) while it missed over 3% of its ticks: the ticks of a
     stall (the system kept the sampler's thread off the CPU) all go to
-    where each thread was at its end, and skew the shares of functions."""
+    where each thread was at its end, which skews the shares of
+    functions, and threads may come and go unseen meanwhile."""
     for _ in range(3):
         sampler = Sampler(**options)
         sampler.run(function, *args)
@@ -940,24 +941,24 @@ class StackTests(unittest.TestCase):
         names = {n: name for _, n, name in sampler.threads()}
         self.assertEqual(names[native_ids[0]], str(native_ids[0]))
 
-    def test_thread_named_when_it_next_holds_the_gil(self):
+    def test_thread_named_once_threading_has_it(self):
         # Looked at (and asked for its stack) before threading has it in
-        # its table, it is looked up again as it next holds the GIL,
-        # though in cpu mode nothing asks it then: it used no CPU time
-        # since.  Its Thread is gone by stop(), so only the engine can
-        # have named it.
+        # its table, it is looked up again at the first tick after, though
+        # in cpu mode nothing asks it then (it uses no CPU time since),
+        # and it ends within 5 ms.  Its Thread is gone by stop(), so only
+        # the engine can have named it.
         class LateEntry(threading.Thread):
             def _set_native_id(self):
-                spin(0.01)  # holding the GIL, not yet in threading._active
+                spin(0.025)  # holding the GIL, not yet in threading._active
                 super()._set_native_id()
 
         def run_late():
-            thread = LateEntry(target=time.sleep, args=(0.05,), name="late")
+            thread = LateEntry(target=time.sleep, args=(0.005,), name="late")
             thread.start()
             thread.join()
 
-        sampler = Sampler(2000, mode="cpu", all_threads=True, memory_rate=0)
-        sampler.run(run_late)
+        sampler = on_schedule(run_late, rate=2000, mode="cpu",
+                              all_threads=True, memory_rate=0)
         self.assertIn("late", [name for _, _, name in sampler.threads()])
 
     def test_one_given_thread(self):
@@ -1229,6 +1230,35 @@ class ProcessTests(unittest.TestCase):
                 work(1)
             self.assertEqual(os.sched_getaffinity(int(sampler)),
                              cpus - {first})
+
+    @unittest.skipUnless(sys.platform == "linux", "Linux only")
+    def test_ticks_of_a_stall_before_stop_are_missed(self):
+        # The process is stopped (SIGSTOP) for 0.2 s, and stop() called as
+        # it continues, before the sampler's thread wakes: the ticks of the
+        # stall are the last sample's weight, and missed.  A helper
+        # continues it, once it sees it stopped.
+        import subprocess
+        code = textwrap.dedent(f"""
+            import os, signal, time
+            def state():
+                with open("/proc/{os.getpid()}/stat") as f:
+                    return f.read().rpartition(")")[2].split()[0]
+            deadline = time.monotonic() + {support.SHORT_TIMEOUT}
+            while state() != "T" and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.2)
+            os.kill({os.getpid()}, signal.SIGCONT)
+        """)
+        waker = subprocess.Popen([sys.executable, "-c", code])
+        self.addCleanup(waker.wait)
+        sampler = Sampler(1000)
+        with sampler:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        info = sampler.info()
+        self.assertGreaterEqual(info["ticks"], 200)
+        # The ticks before the one stop() takes, each taken or missed.
+        self.assertGreaterEqual(info["taken"] + info["missed"],
+                                info["ticks"] - 1)
 
     def test_sampler_left_running_at_exit(self):
         code = textwrap.dedent("""

@@ -86,8 +86,6 @@ static const char *const status_names[STATUSES] = {
 /* Above this rate the sampler thread waits for its deadlines awake: waking
    from a sleep takes about as long as the interval. */
 #define SLEEPLESS_NS 50000
-/* How often the holder is told to look up threads still unnamed. */
-#define NAMES_EVERY_NS 10000000
 /* How long a tick tries for the GIL's mutex before it does without. */
 #define GIL_MUTEX_TRIES 1000
 
@@ -237,10 +235,6 @@ typedef struct {
     int32_t *unnamed;
     int32_t nunnamed, unnamed_capacity;
     int32_t unnamed_next;
-    /* Whether a thread was added since the holder was last told to look
-       them up, and the tick it was told at. */
-    int unnamed_new;
-    uint32_t names_told;
     /* threading._active, at start(), if an exact dict; else NULL. */
     PyObject *threading_active;
     uint64_t store_generation;   /* counts clear_store() */
@@ -301,18 +295,22 @@ class _sampling.Sampler "SamplerObject *" "&PyBaseObject_Type"
 
 /* Time */
 
-static inline int64_t
-timespec_ns(const struct timespec *ts)
+/* The time on `clock`, or -1 where it cannot be read (the CPU clock of a
+   thread gone). */
+static int64_t
+clock_ns(clockid_t clock)
 {
-    return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+    struct timespec ts;
+    if (clock_gettime(clock, &ts) != 0) {
+        return -1;
+    }
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static int64_t
 monotonic_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return timespec_ns(&ts);
+    return clock_ns(CLOCK_MONOTONIC);
 }
 
 
@@ -594,7 +592,6 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
                   self->nunnamed, sizeof(int32_t)) == 0)
     {
         self->unnamed[self->nunnamed++] = self->nthreads;
-        self->unnamed_new = 1;
     }
 #ifdef __linux__
     /* The clock of the thread by its kernel id, as glibc makes it (a
@@ -608,9 +605,9 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
         return self->nthreads++;
     }
 #endif
-    struct timespec ts = {0, 0};
-    info->has_cpu_clock = clock_gettime(info->cpu_clock, &ts) == 0;
-    info->cpu_ns = info->cpu_unseen_ns = timespec_ns(&ts);
+    int64_t cpu_ns = clock_ns(info->cpu_clock);
+    info->has_cpu_clock = cpu_ns >= 0;
+    info->cpu_ns = info->cpu_unseen_ns = Py_MAX(cpu_ns, 0);
     return self->nthreads++;
 }
 
@@ -694,6 +691,13 @@ watched(SamplerObject *self, PyThreadState *tstate)
     return &self->threads[thread];
 }
 
+/* A thread's CPU time, by its clock; -1 where it has none, or is gone. */
+static int64_t
+thread_cpu_ns(ThreadInfo *info)
+{
+    return info->has_cpu_clock ? clock_ns(info->cpu_clock) : -1;
+}
+
 /* How many of the `weight` ticks since the last look a thread spent on a
    CPU, by its CPU clock (nearest whole ticks).  The rest of the time, up
    to half a tick either way, is carried to the next look: a thread that
@@ -701,11 +705,10 @@ watched(SamplerObject *self, PyThreadState *tstate)
 static uint32_t
 cpu_ticks(SamplerObject *self, ThreadInfo *info, uint32_t weight)
 {
-    struct timespec ts;
-    if (!info->has_cpu_clock || clock_gettime(info->cpu_clock, &ts) != 0) {
+    int64_t now = thread_cpu_ns(info);
+    if (now < 0) {
         return 0;
     }
-    int64_t now = timespec_ns(&ts);
     int64_t used = now - info->cpu_ns;
     if (used <= 0) {
         return 0;
@@ -754,6 +757,17 @@ tell_holder(SamplerObject *self)
     _Py_atomic_store_relaxed(&self->interp->ceval.eval_breaker, 1);
 }
 
+/* Ends the request, giving `thread` its ticks at `node`: those it was
+   asked for and those that passed before the answer. */
+static void
+close_request(SamplerObject *self, int32_t node, int32_t thread, int status)
+{
+    uint32_t late = self->request.late;
+    add_sample(self, self->request.tick + late, node, thread, status,
+               self->request.weight + late);
+    self->request.pending = 0;
+}
+
 /* A request the asked thread did not answer before it left the GIL (or
    before stop()): it was in C code holding the GIL, and is there still or
    has just left it.  Its stack, which it cannot change now, is the best
@@ -762,28 +776,26 @@ tell_holder(SamplerObject *self)
 static uint32_t
 settle_request(SamplerObject *self, PyThreadState *current)
 {
-    uint32_t tick = self->request.tick + self->request.late;
-    uint32_t ticks = self->request.weight + self->request.late;
-    self->request.pending = 0;
-    for (PyThreadState *tstate = self->interp->threads.head; tstate != NULL;
-         tstate = tstate->next)
-    {
-        if (tstate->id != self->request.tstate_id) {
-            continue;
-        }
-        if (tstate == current) {
-            return ticks;
-        }
+    PyThreadState *tstate = self->interp->threads.head;
+    while (tstate != NULL && tstate->id != self->request.tstate_id) {
+        tstate = tstate->next;
+    }
+    if (tstate != NULL && tstate != current) {
         int32_t thread = thread_index(self, tstate);
-        add_sample(self, tick,
-                   intern_stack(self, tstate->cframe->current_frame,
-                                thread < 0 ? NULL : &self->threads[thread]),
-                   thread, STATUS_IN_C, ticks);
+        ThreadInfo *info = thread < 0 ? NULL : &self->threads[thread];
+        close_request(self,
+                      intern_stack(self, tstate->cframe->current_frame, info),
+                      thread, STATUS_IN_C);
         return 0;
     }
-    /* The thread is gone. */
-    self->ticks_missed += ticks;
-    return 0;
+    uint32_t ticks = self->request.weight + self->request.late;
+    self->request.pending = 0;
+    if (tstate == NULL) {
+        /* The thread is gone. */
+        self->ticks_missed += ticks;
+        return 0;
+    }
+    return ticks;
 }
 
 /* A tick without the GIL's mutex, which a thread that was preempted while
@@ -826,6 +838,32 @@ take_partial_tick(SamplerObject *self, uint32_t tick, uint32_t weight)
             info->owed += weight;
         }
     }
+}
+
+/* Whether the holder, as it answers, is to look up unnamed threads: some
+   thread was last looked up at another version of threading's table of
+   running threads than the one now (a new thread never was).  So a thread
+   looked up in vain before threading entered it there is looked up again
+   at the first tick after it is, asked or not: in cpu mode a thread that
+   uses little CPU time may never be asked before it ends.  The holder may
+   be changing the table meanwhile; the version is read in one load, and
+   a stale one only tells the holder a tick later. */
+static int
+names_due(SamplerObject *self)
+{
+    if (self->nunnamed == 0) {
+        return 0;
+    }
+    assert(self->threading_active != NULL);
+    PyDictObject *active = (PyDictObject *)self->threading_active;
+    uint64_t version = __atomic_load_n(&active->ma_version_tag,
+                                       __ATOMIC_RELAXED);
+    for (int32_t i = 0; i < self->nunnamed; i++) {
+        if (self->threads[self->unnamed[i]].looked_up != version) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* One tick, standing for `weight` ticks: reads the watched threads that do
@@ -924,19 +962,7 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
     }
     pthread_mutex_unlock(&gil->mutex);
 done:;
-    /* The holder, as it answers, looks up unnamed threads: told so at
-       once of a new one, and every NAMES_EVERY_NS while any is unnamed,
-       asked or not (a thread looked at before threading had it in its
-       table may not be asked again, in cpu mode, before it ends). */
-    int tell = self->request.pending;
-    if (self->nunnamed > 0
-        && (self->unnamed_new || (uint64_t)(tick - self->names_told)
-                                 * self->interval_ns >= NAMES_EVERY_NS))
-    {
-        tell = 1;
-        self->unnamed_new = 0;
-        self->names_told = tick;
-    }
+    int tell = self->request.pending || names_due(self);
     pthread_mutex_unlock(&self->lock);
     PyThread_release_lock(runtime->interpreters.mutex);
     if (tell && current == NULL) {
@@ -1212,13 +1238,9 @@ answer_request(SamplerObject *self, PyThreadState *tstate)
     {
         /* Answered late, it was in a long call of C code meanwhile, or in
            a long instruction. */
-        uint32_t late = self->request.late;
         int32_t thread = thread_index(self, tstate);
-        add_sample(self, self->request.tick + late,
-                   answer_node(self, tstate, thread),
-                   thread, late ? STATUS_IN_C : STATUS_RUNNING,
-                   self->request.weight + late);
-        self->request.pending = 0;
+        close_request(self, answer_node(self, tstate, thread), thread,
+                      self->request.late ? STATUS_IN_C : STATUS_RUNNING);
     }
     int unnamed = self->nunnamed > 0;
     pthread_mutex_unlock(&self->lock);
@@ -1460,10 +1482,7 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     if (info != NULL && self->request.pending
         && self->request.tstate_id == tstate->id)
     {
-        uint32_t late = self->request.late;
-        add_sample(self, self->request.tick + late, node, thread,
-                   STATUS_IN_C, self->request.weight + late);
-        self->request.pending = 0;
+        close_request(self, node, thread, STATUS_IN_C);
     }
     /* Its CPU clock started with the thread, after start().  (Unless
        threading was first imported from a C thread's temporary state,
@@ -1475,14 +1494,11 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     {
         goto done;
     }
-    struct timespec ts;
-    if (info != NULL ? !info->has_cpu_clock
-                       || clock_gettime(info->cpu_clock, &ts) != 0
-                     : clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-    {
+    int64_t cpu_ns = info != NULL ? thread_cpu_ns(info)
+                                  : clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    if (cpu_ns < 0) {
         goto done;
     }
-    int64_t cpu_ns = timespec_ns(&ts);
     if (info == NULL) {
         self->cpu_left_ns += cpu_ns;
     }
@@ -1634,8 +1650,6 @@ clear_store(SamplerObject *self)
     free(self->unnamed);
     self->unnamed = NULL;
     self->nunnamed = self->unnamed_capacity = self->unnamed_next = 0;
-    self->unnamed_new = 0;
-    self->names_told = 0;
     self->walks = 0;
     Py_CLEAR(self->threading_active);
     self->store_generation++;
@@ -1724,6 +1738,12 @@ stop(SamplerObject *self)
     /* The ticks since the sampler's last, the one under way included. */
     uint64_t due = tick_at(self, self->stop_ns);
     if (due > self->last_tick && due <= UINT32_MAX) {
+        /* The sampler sleeps until its next tick is due: ticks that came
+           due after that one passed while it was kept from waking (a
+           stall), missed as if it had woken now. */
+        if (due >= (uint64_t)self->last_tick + 2) {
+            self->ticks_missed += due - self->last_tick - 2;
+        }
         take_tick(self, (uint32_t)due, (uint32_t)due - self->last_tick,
                   _PyThreadState_GET());
         self->last_tick = (uint32_t)due;
