@@ -1236,7 +1236,10 @@ class ProcessTests(unittest.TestCase):
         # The process is stopped (SIGSTOP) for 0.2 s, and stop() called as
         # it continues, before the sampler's thread wakes: the ticks of the
         # stall are the last sample's weight, and missed.  A helper
-        # continues it, once it sees it stopped.
+        # continues it, once it sees it stopped.  The sampler's thread
+        # shares this thread's one CPU (so the GIL's holder cannot move
+        # it) in the idle class: it runs only once this thread waits for
+        # it in stop().
         import subprocess
         code = textwrap.dedent(f"""
             import os, signal, time
@@ -1251,12 +1254,23 @@ class ProcessTests(unittest.TestCase):
         """)
         waker = subprocess.Popen([sys.executable, "-c", code])
         self.addCleanup(waker.wait)
+        cpus = os.sched_getaffinity(0)
+        self.addCleanup(os.sched_setaffinity, 0, cpus)
+        os.sched_setaffinity(0, {min(cpus)})
         sampler = Sampler(1000)
         with sampler:
+            # Past the sampler's own choice of scheduling, at its start.
+            while not sampler._engine.info()["taken"]:
+                time.sleep(0.001)
+            [tid] = [tid for tid in os.listdir("/proc/self/task")
+                     if thread_name(tid) == "sampler"]
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE,
+                                  os.sched_param(0))
             os.kill(os.getpid(), signal.SIGSTOP)
         info = sampler.info()
         self.assertGreaterEqual(info["ticks"], 200)
-        # The ticks before the one stop() takes, each taken or missed.
+        # Every tick before stop() was asked for, taken or missed, but the
+        # one the sampler slept for, which stop() takes.
         self.assertGreaterEqual(info["taken"] + info["missed"],
                                 info["ticks"] - 1)
 

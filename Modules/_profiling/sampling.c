@@ -842,12 +842,12 @@ take_partial_tick(SamplerObject *self, uint32_t tick, uint32_t weight)
 
 /* Whether the holder, as it answers, is to look up unnamed threads: some
    thread was last looked up at another version of threading's table of
-   running threads than the one now (a new thread never was).  So a thread
-   looked up in vain before threading entered it there is looked up again
-   at the first tick after it is, asked or not: in cpu mode a thread that
-   uses little CPU time may never be asked before it ends.  The holder may
-   be changing the table meanwhile; the version is read in one load, and
-   a stale one only tells the holder a tick later. */
+   running threads than the one now (a new thread never was).  So for a
+   thread looked up in vain before threading entered it there, the holder
+   is told at the first tick after it is, asked or not: in cpu mode a
+   thread that uses little CPU time may never be asked before it ends.
+   The holder may be changing the table meanwhile; the version is read in
+   one load, and a stale one only tells the holder a tick later. */
 static int
 names_due(SamplerObject *self)
 {
@@ -1731,19 +1731,21 @@ static void
 stop(SamplerObject *self)
 {
     assert(active == self && self->running);
+    /* The sampler sleeps until its next tick is due: ticks that came due
+       after that one, before it was asked to stop, passed while it was
+       kept from waking (a stall), missed as if it had woken then.  Not
+       those of the wait for the GIL after stop_thread(). */
+    uint64_t asked = tick_at(self, monotonic_ns());
     stop_thread(self);
+    if (asked >= (uint64_t)self->last_tick + 2) {
+        self->ticks_missed += asked - self->last_tick - 2;
+    }
     /* The last sample: with the GIL held here, no other thread can change
        its frames, and this one is at its call of stop(). */
     self->stop_ns = monotonic_ns();
     /* The ticks since the sampler's last, the one under way included. */
     uint64_t due = tick_at(self, self->stop_ns);
     if (due > self->last_tick && due <= UINT32_MAX) {
-        /* The sampler sleeps until its next tick is due: ticks that came
-           due after that one passed while it was kept from waking (a
-           stall), missed as if it had woken now. */
-        if (due >= (uint64_t)self->last_tick + 2) {
-            self->ticks_missed += due - self->last_tick - 2;
-        }
         take_tick(self, (uint32_t)due, (uint32_t)due - self->last_tick,
                   _PyThreadState_GET());
         self->last_tick = (uint32_t)due;
