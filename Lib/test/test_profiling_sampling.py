@@ -1269,10 +1269,11 @@ class ProcessTests(unittest.TestCase):
             os.kill(os.getpid(), signal.SIGSTOP)
         info = sampler.info()
         self.assertGreaterEqual(info["ticks"], 200)
-        # Every tick before stop() was asked for, taken or missed, but the
-        # one the sampler slept for, which stop() takes.
-        self.assertGreaterEqual(info["taken"] + info["missed"],
-                                info["ticks"] - 1)
+        # The ticks of the 0.2 s stall are missed, but the one the sampler
+        # slept for, which stop() takes; not those of the wait for the
+        # sampler in stop(), which another process on this CPU can make
+        # long (its ticks are neither taken nor missed).
+        self.assertGreaterEqual(info["missed"], 180)
 
     def test_sampler_left_running_at_exit(self):
         code = textwrap.dedent("""
