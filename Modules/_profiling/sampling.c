@@ -1166,8 +1166,7 @@ sampler_main(void *arg)
     {
         /* Absolute deadlines: after a stall, the ticks that passed are
            one sample's weight, not a burst of samples. */
-        uint64_t due = (uint64_t)((monotonic_ns() - self->start_ns)
-                                  / self->interval_ns);
+        uint64_t due = tick_at(self, monotonic_ns()) - 1;
         if (due > UINT32_MAX) {
             break;
         }
@@ -2232,7 +2231,7 @@ _sampling_Sampler_info_impl(SamplerObject *self)
         "{sdsKsKsKsdsnsisn}",
         "interval", (double)self->interval_ns * 1e-9,
         "ticks", (unsigned long long)(self->start_ns == 0 ? 0
-            : (end - self->start_ns) / self->interval_ns),
+            : tick_at(self, end) - 1),
         "taken", (unsigned long long)self->ticks_taken,
         "missed", (unsigned long long)self->ticks_missed,
         "duration", self->start_ns == 0 ? 0.0
