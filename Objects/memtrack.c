@@ -41,9 +41,9 @@ static Py_ssize_t large_blocks;
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
 /* The peak is the larger of two: the one seen when the mem and object
-   domains grow, kept with the GIL held so that a program growing its heap
-   pays no atomic operation per block, and the one seen when the others do,
-   from any thread. */
+   domains fall, kept with the GIL held so that a program pays no atomic
+   operation per block, and the one seen when the others do, from any
+   thread. */
 static Py_ssize_t locked_peak;
 static _Atomic Py_ssize_t other_peak;
 
@@ -144,12 +144,11 @@ _PyMemTrack_NoteFree(void *block)
     return _PyMemTrack_PoolOf((uintptr_t)block);
 }
 
-void *
-_PyMemTrack_NotePeakFor(void *block)
+struct pool_header *
+_PyMemTrack_NotePeakAt(void *block)
 {
     _PyMemTrack_NotePeak();
-    _PyMemTrack_BlockChanging((uintptr_t)block, 1);
-    return block;
+    return _PyMemTrack_PoolOf((uintptr_t)block);
 }
 
 void *
@@ -159,10 +158,11 @@ _PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes)
     return _PyMemTrack_PooledHandedOut(block, nbytes);
 }
 
+/* The locked bytes' watermark was worked out from the other counts as
+   they were. */
 static void
 other_counts_grew(void)
 {
-    raise_other_peak();
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
 
@@ -194,6 +194,7 @@ raw_handed_out(size_t size)
 static void
 raw_freed(size_t size)
 {
+    raise_other_peak();
     atomic_fetch_sub_explicit(&raw_bytes, (Py_ssize_t)size, RELAXED);
     atomic_fetch_sub_explicit(&raw_blocks, 1, RELAXED);
 }
@@ -201,6 +202,9 @@ raw_freed(size_t size)
 void
 _PyMemTrack_FrameStack(Py_ssize_t delta)
 {
+    if (delta < 0) {
+        raise_other_peak();
+    }
     atomic_fetch_add_explicit(&stack_bytes, delta, RELAXED);
     atomic_fetch_add_explicit(&stack_chunks, delta > 0 ? 1 : -1, RELAXED);
     if (delta > 0) {
@@ -931,10 +935,11 @@ Py_AdjustTrackedMemory(const char *what, Py_ssize_t delta)
     else if (delta < 0) {
         return;     /* nothing to take anonymous memory from */
     }
-    _Py_memtrack.bytes += delta;
     if (delta > 0) {
-        _Py_memtrack.allocated += delta;
-        _PyMemTrack_NotePeak();
+        _PyMemTrack_Count((size_t)delta);
+    }
+    else {
+        _PyMemTrack_Uncount((size_t)-delta);
     }
 }
 

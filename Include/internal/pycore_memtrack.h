@@ -127,7 +127,10 @@ _PyMemTrack_TallyOf(PyTypeObject *type)
    accounting: used with the GIL held only. */
 struct _Py_memtrack_counts {
     Py_ssize_t bytes;
-    /* Above this, the peak may have to move. */
+    /* Up to this, the total is at most the peak.  The total is highest
+       just before it falls, if not now: the peak is raised from it then
+       (and when read), never as it grows, so that a growing heap pays
+       nothing for it. */
     _Py_atomic_address peak_watermark;
     /* The block pymalloc handed out last, while its use is unknown. */
     uintptr_t last_block;
@@ -291,6 +294,7 @@ _PyMemTrack_ForgetLastBlock(void)
     }
 }
 
+/* Raise the peak to the total, which is about to fall. */
 extern void _PyMemTrack_NotePeak(void);
 
 static inline void
@@ -311,33 +315,20 @@ _PyMemTrack_Unclaim(_Py_memtally *t, Py_ssize_t size)
     }
 }
 
-/* Count a block handed out; whether the peak may have to move. */
-static inline int
-_PyMemTrack_CountPassesWatermark(size_t size)
-{
-    _Py_memtrack.bytes += (Py_ssize_t)size;
-    _Py_memtrack.allocated += (Py_ssize_t)size;
-    return ((size_t)_Py_memtrack.bytes
-            > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
-}
-
 /* Called by every allocator of the mem and object domains for a block it
    hands out... */
 static inline void
 _PyMemTrack_Count(size_t size)
 {
-    if (_PyMemTrack_CountPassesWatermark(size)) {
-        _PyMemTrack_NotePeak();
-    }
+    _Py_memtrack.bytes += (Py_ssize_t)size;
+    _Py_memtrack.allocated += (Py_ssize_t)size;
 }
 
 /* ...by pymalloc, for a block it serves a request of nbytes with, and
-   which hands out what these return: the block.  (So pymalloc keeps no
-   more across a call than the request it already keeps.)  The first notes
-   the block's change (see _PyMemTrack_BlockChanging()); the second the
-   peak, and the change if its pool notes changes. */
+   which hands out what this returns: the block.  (So pymalloc keeps no
+   more across a call than the request it already keeps.)  It notes the
+   block's change (see _PyMemTrack_BlockChanging()). */
 extern void *_PyMemTrack_NoteHandOut(void *block);
-extern void *_PyMemTrack_NotePeakFor(void *block);
 /* The same, once the block handed out before, in which no object was
    made, is marked as data: out of line, so that the usual case keeps no
    more registers than pymalloc's own. */
@@ -353,11 +344,8 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
     /* Whatever its last life was (marked after it was freed, even).  Free,
        it held nothing the walk counts: the change can be noted after. */
     _PyMemTrack_ClearMark((uintptr_t)block);
-    if (_PyMemTrack_CountPassesWatermark(_Py_SIZE_ROUND_UP(
-            nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT)))
-    {
-        return _PyMemTrack_NotePeakFor(block);
-    }
+    _PyMemTrack_Count(_Py_SIZE_ROUND_UP(
+        nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT));
     if (_PyMemTrack_PoolOf((uintptr_t)block)->memtrack_changed
         != _PyMemTrack_POOL_CHANGED)
     {
@@ -366,21 +354,37 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
     return block;
 }
 
+/* Whether the total may be above the peak, before it falls. */
+static inline int
+_PyMemTrack_AbovePeak(void)
+{
+    return ((size_t)_Py_memtrack.bytes
+            > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
+}
+
 /* ...and by all of them when they free a block. */
 static inline void
 _PyMemTrack_Uncount(size_t size)
 {
+    if (_PyMemTrack_AbovePeak()) {
+        _PyMemTrack_NotePeak();
+    }
     _Py_memtrack.bytes -= (Py_ssize_t)size;
 }
 
 /* pymalloc frees a block of a pool, which these return.  (So pymalloc
-   keeps no more across a call than the block.) */
+   keeps no more across a call than the block.)  The first notes the
+   block's change, the second the peak. */
 extern struct pool_header *_PyMemTrack_NoteFree(void *block);
+extern struct pool_header *_PyMemTrack_NotePeakAt(void *block);
 
 static inline struct pool_header *
 _PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
 {
-    _PyMemTrack_Uncount(_PyMemTrack_ClassSize(pool->szidx));
+    if (_PyMemTrack_AbovePeak()) {
+        pool = _PyMemTrack_NotePeakAt(block);
+    }
+    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_ClassSize(pool->szidx);
     if (pool->memtrack_changed != _PyMemTrack_POOL_CHANGED) {
         pool = _PyMemTrack_NoteFree(block);
     }

@@ -1236,6 +1236,34 @@ class MemtrackTests(unittest.TestCase):
         sys.reset_peak_memory_used()
         self.assertLess(sys.peak_memory_used(), start + 2**20)
 
+    def test_peak_of_small_blocks(self):
+        # The peak is taken as the total falls from it: here at the first
+        # of the objects freed, before the list's array.
+        sys.reset_peak_memory_used()
+        start = sys.total_memory_used()
+        objs = [object() for _ in range(100_000)]
+        high = sys.total_memory_used()
+        del objs
+        self.assertGreaterEqual(sys.peak_memory_used(), high - 4096)
+        self.assertGreater(high - start, 2 * 2**20)
+
+    def test_peak_as_frame_stacks_fall(self):
+        # Frames of a thousand locals each fill the frame stack with
+        # chunks, freed as the calls return: nothing else is allocated or
+        # freed meanwhile, so the peak is taken as the stack falls.
+        names = " = ".join(f"v{i}" for i in range(1000))
+        ns = {}
+        exec(f"def deep(n):\n"
+             f"    {names} = None\n"
+             f"    return deep(n - 1) if n else 0\n", ns)
+        deep = ns["deep"]
+        deep(1)
+        sys.reset_peak_memory_used()
+        start = sys.total_memory_used()
+        deep(200)
+        self.assertGreaterEqual(sys.peak_memory_used(),
+                                start + 200 * 1000 * 8)
+
     def test_peak_counts_the_raw_domain(self):
         # A CDLL call releases the GIL: the raw domain's allocator runs
         # without it, as it may.
