@@ -41,9 +41,9 @@ static Py_ssize_t large_blocks;
 static _Atomic Py_ssize_t raw_bytes, raw_blocks;
 static _Atomic Py_ssize_t stack_bytes, stack_chunks;
 /* The peak is the larger of two: the one seen when the mem and object
-   domains fall, kept with the GIL held so that a program pays no atomic
-   operation per block, and the one seen when the others do, from any
-   thread. */
+   domains fall (or the peak is read), kept with the GIL held so that a
+   program pays no atomic operation per block, and the one seen when the
+   raw domain or the frame stacks fall, which may happen without it. */
 static Py_ssize_t locked_peak;
 static _Atomic Py_ssize_t other_peak;
 
@@ -71,12 +71,17 @@ locked_bytes(void)
     return *(volatile Py_ssize_t *)&_Py_memtrack.bytes;
 }
 
+static Py_ssize_t
+other_bytes(void)
+{
+    return (atomic_load_explicit(&raw_bytes, RELAXED)
+            + atomic_load_explicit(&stack_bytes, RELAXED));
+}
+
 Py_ssize_t
 _PyMemTrack_TotalBytes(void)
 {
-    return (locked_bytes()
-            + atomic_load_explicit(&raw_bytes, RELAXED)
-            + atomic_load_explicit(&stack_bytes, RELAXED));
+    return locked_bytes() + other_bytes();
 }
 
 static Py_ssize_t count_objects(void);
@@ -118,16 +123,31 @@ raise_peak(Py_ssize_t now)
     return other > locked_peak ? other : locked_peak;
 }
 
+/* The locked bytes' watermark was worked out from the other counts as
+   they were. */
+static void
+other_counts_grew(void)
+{
+    _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
+}
+
 void
 _PyMemTrack_NotePeak(void)
 {
     /* Until the locked bytes pass the watermark, the total cannot pass the
        peak (unless the other counts grow: they lower the watermark when
        they do). */
-    Py_ssize_t now = _PyMemTrack_TotalBytes();
+    Py_ssize_t others = other_bytes();
+    Py_ssize_t now = _Py_memtrack.bytes + others;
     Py_ssize_t room = raise_peak(now) - now;
     _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark,
                              (uintptr_t)(_Py_memtrack.bytes + room));
+    /* Another thread that grew them meanwhile may have lowered the
+       watermark before this store: lowered again.  (Had they grown and
+       fallen back, the fall raised the peak.) */
+    if (other_bytes() != others) {
+        other_counts_grew();
+    }
 }
 
 void *
@@ -156,14 +176,6 @@ _PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes)
 {
     _PyMemTrack_ForgetLastBlock();
     return _PyMemTrack_PooledHandedOut(block, nbytes);
-}
-
-/* The locked bytes' watermark was worked out from the other counts as
-   they were. */
-static void
-other_counts_grew(void)
-{
-    _Py_atomic_store_relaxed(&_Py_memtrack.peak_watermark, 0);
 }
 
 static Py_ssize_t

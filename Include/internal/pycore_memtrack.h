@@ -315,8 +315,16 @@ _PyMemTrack_Unclaim(_Py_memtally *t, Py_ssize_t size)
     }
 }
 
+/* Whether the total may be above the peak, before it falls. */
+static inline int
+_PyMemTrack_AbovePeak(void)
+{
+    return ((size_t)_Py_memtrack.bytes
+            > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
+}
+
 /* Called by every allocator of the mem and object domains for a block it
-   hands out... */
+   hands out (and for the bytes a name's tally gains)... */
 static inline void
 _PyMemTrack_Count(size_t size)
 {
@@ -354,15 +362,8 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
     return block;
 }
 
-/* Whether the total may be above the peak, before it falls. */
-static inline int
-_PyMemTrack_AbovePeak(void)
-{
-    return ((size_t)_Py_memtrack.bytes
-            > _Py_atomic_load_relaxed(&_Py_memtrack.peak_watermark));
-}
-
-/* ...and by all of them when they free a block. */
+/* ...and by all of them when they free a block (or a name's tally
+   loses bytes). */
 static inline void
 _PyMemTrack_Uncount(size_t size)
 {
