@@ -818,14 +818,17 @@ class StackTests(unittest.TestCase):
             self.assertEqual(names[-1], "work")
 
     def test_threads(self):
-        sampler = Sampler(2000, all_threads=True)
-        with sampler:
+        def run_threads():
             threads = [threading.Thread(target=f, name=f.__name__)
                        for f in (first, second)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+
+        # The threads run for a few milliseconds each: a stall of the
+        # sampler meanwhile would not see them.
+        sampler = on_schedule(run_threads, rate=2000, all_threads=True)
         self.assertEqual(functions_by_thread_name(results(sampler)),
                          {"first": {"first"}, "second": {"second"}})
 
