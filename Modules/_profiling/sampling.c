@@ -150,7 +150,6 @@ typedef struct {
     clockid_t cpu_clock;
     int has_cpu_clock;
     int64_t cpu_ns;          /* its CPU time counted so far */
-    int64_t cpu_unseen_ns;   /* its CPU time before its first look */
     Py_ssize_t last_sample;  /* its latest sample, or -1 */
     /* Ticks it was not read at (the GIL's mutex was busy): weight of the
        next look. */
@@ -241,8 +240,9 @@ typedef struct {
     /* Thread states made since start() have ids above this one. */
     uint64_t last_id_at_start;
     /* In cpu mode, the CPU time that threads used after their last look
-       (and before their first), counted as ticks when they end: what is
-       left (or was counted ahead, rounding) goes to the next that ends. */
+       (all of it, if never looked at), counted as ticks when they end:
+       what is left (or was counted ahead, rounding) goes to the next that
+       ends. */
     int64_t cpu_left_ns;
     int out_of_memory;
     /* Counts the deaths of code objects with nodes. */
@@ -564,6 +564,15 @@ known_thread(SamplerObject *self, PyThreadState *tstate)
                       self, &tstate->id, is_thread);
 }
 
+/* Whether `tstate`'s thread started after start(), so that its CPU clock
+   did.  (Unless threading was first imported from a C thread's temporary
+   state, which its main Thread then takes for its own: rare, embedders.) */
+static int
+started_since_start(SamplerObject *self, PyThreadState *tstate)
+{
+    return tstate->id > self->last_id_at_start && tstate->on_delete != NULL;
+}
+
 /* The index of the record of `tstate`'s thread, made if need be. */
 static int32_t
 thread_index(SamplerObject *self, PyThreadState *tstate)
@@ -605,9 +614,13 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
         return self->nthreads++;
     }
 #endif
+    /* In cpu mode, a thread started since start() counts all its CPU
+       time, from its first look: counted at its end, the time before that
+       look would be cut to the ticks since its last. */
     int64_t cpu_ns = clock_ns(info->cpu_clock);
     info->has_cpu_clock = cpu_ns >= 0;
-    info->cpu_ns = info->cpu_unseen_ns = Py_MAX(cpu_ns, 0);
+    info->cpu_ns = self->cpu_mode && started_since_start(self, tstate)
+                   ? 0 : Py_MAX(cpu_ns, 0);
     return self->nthreads++;
 }
 
@@ -915,7 +928,10 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
         }
         uint32_t ticks = weight + info->owed;
         info->owed = 0;
-        uint32_t on_cpu = cpu_ticks(self, info, ticks);
+        /* A thread's first sample may go back to the first tick: its CPU
+           time may predate the sampler's last look. */
+        uint32_t on_cpu = cpu_ticks(self, info,
+                                    info->last_sample < 0 ? tick : ticks);
         uint32_t w = self->cpu_mode ? on_cpu : ticks;
         int status;
         if (tstate == holder) {
@@ -1483,13 +1499,9 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
     {
         close_request(self, node, thread, STATUS_IN_C);
     }
-    /* Its CPU clock started with the thread, after start().  (Unless
-       threading was first imported from a C thread's temporary state,
-       which its main Thread then takes for its own: rare, embedders.) */
-    int started_since = tstate->id > self->last_id_at_start
-                        && tstate->on_delete != NULL;
     if (!self->cpu_mode
-        || (info == NULL && !(started_since && watches(self, tstate))))
+        || (info == NULL && !(started_since_start(self, tstate)
+                              && watches(self, tstate))))
     {
         goto done;
     }
@@ -1502,8 +1514,7 @@ end_thread(SamplerObject *self, PyThreadState *tstate)
         self->cpu_left_ns += cpu_ns;
     }
     else {
-        self->cpu_left_ns += cpu_ns - info->cpu_ns
-                             + (started_since ? info->cpu_unseen_ns : 0);
+        self->cpu_left_ns += cpu_ns - info->cpu_ns;
     }
     if (self->cpu_left_ns < self->interval_ns / 2) {
         goto done;
