@@ -149,6 +149,9 @@ typedef struct {
     unsigned long native_id;
     clockid_t cpu_clock;
     int has_cpu_clock;
+    /* In cpu mode, counted from its start, and nothing counted yet: the
+       first count may go back to the first tick. */
+    int reaches_back;
     int64_t cpu_ns;          /* its CPU time counted so far */
     Py_ssize_t last_sample;  /* its latest sample, or -1 */
     /* Ticks it was not read at (the GIL's mutex was busy): weight of the
@@ -566,7 +569,9 @@ known_thread(SamplerObject *self, PyThreadState *tstate)
 
 /* Whether `tstate`'s thread started after start(), so that its CPU clock
    did.  (Unless threading was first imported from a C thread's temporary
-   state, which its main Thread then takes for its own: rare, embedders.) */
+   state, which its main Thread then takes for its own: rare, embedders.)
+   A thread is known as threading's once it has run a few microseconds;
+   one first looked at before counts from that look. */
 static int
 started_since_start(SamplerObject *self, PyThreadState *tstate)
 {
@@ -615,12 +620,12 @@ thread_index(SamplerObject *self, PyThreadState *tstate)
     }
 #endif
     /* In cpu mode, a thread started since start() counts all its CPU
-       time, from its first look: counted at its end, the time before that
-       look would be cut to the ticks since its last. */
+       time, from its first count: counted at its end, the time before its
+       first look would be cut to the ticks since its last. */
     int64_t cpu_ns = clock_ns(info->cpu_clock);
     info->has_cpu_clock = cpu_ns >= 0;
-    info->cpu_ns = self->cpu_mode && started_since_start(self, tstate)
-                   ? 0 : Py_MAX(cpu_ns, 0);
+    info->reaches_back = self->cpu_mode && started_since_start(self, tstate);
+    info->cpu_ns = info->reaches_back ? 0 : Py_MAX(cpu_ns, 0);
     return self->nthreads++;
 }
 
@@ -928,10 +933,14 @@ take_tick(SamplerObject *self, uint32_t tick, uint32_t weight,
         }
         uint32_t ticks = weight + info->owed;
         info->owed = 0;
-        /* A thread's first sample may go back to the first tick: its CPU
-           time may predate the sampler's last look. */
+        /* Its first count may hold CPU time from before the last look.
+           Only the first: a request then pending may grow by a count at
+           each look, and its sample must end by the tick under way. */
         uint32_t on_cpu = cpu_ticks(self, info,
-                                    info->last_sample < 0 ? tick : ticks);
+                                    info->reaches_back ? tick : ticks);
+        if (on_cpu > 0) {
+            info->reaches_back = 0;
+        }
         uint32_t w = self->cpu_mode ? on_cpu : ticks;
         int status;
         if (tstate == holder) {
@@ -1477,12 +1486,11 @@ answer(PyThreadState *tstate)
 /* A thread clears its state, holding the GIL, its frames gone: the last
    the sampler sees of it.  Its ticks not yet counted go to the stack of its
    latest sample: the request it did not answer, and in cpu mode the CPU
-   time it used since its last look.  In cpu mode a thread that threading
-   started since start() counts its CPU time before its first look too,
-   and one that ended between two ticks, never looked at, all of it, with
-   no stack.  (threading's Thread sets the state's on_delete as it starts;
-   a C thread calling Python may make a state for each call, long after
-   its own start.) */
+   time it used since its last count.  In cpu mode a thread that threading
+   started since start() and that ended between two ticks, never looked
+   at, counts all of it, with no stack.  (threading's Thread sets the
+   state's on_delete as it starts; a C thread calling Python may make a
+   state for each call, long after its own start.) */
 static void
 end_thread(SamplerObject *self, PyThreadState *tstate)
 {
