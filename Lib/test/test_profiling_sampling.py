@@ -674,8 +674,10 @@ class AccuracyTests(unittest.TestCase):
             [s for s in cpu if "sleeper" in stack_names(s)], [])
 
     def test_cpu_mode_samples_the_working_thread(self):
+        # Ticks enough that the thread is on a CPU at some (the system
+        # may run other processes on it for milliseconds at a time).
         sampler = Sampler(2000, mode="cpu")
-        sampler.run(until_taken, sampler, 5, work, 1)
+        sampler.run(until_taken, sampler, 100, work, 1)
         names = {n for s in results(sampler)["samples"]
                  for n in stack_names(s)}
         self.assertIn("work", names)
