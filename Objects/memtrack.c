@@ -1102,8 +1102,8 @@ static size_t memos_length;
 static Py_ssize_t pooled_blocks;
 
 /* The list of changed pools (pycore_memtrack.h).  Its room covers every
-   pool whose byte is clear: a walk makes room for all the numbers there
-   are before it clears any byte (and empties the list), and so does
+   pool whose state is clear: a walk makes room for all the numbers there
+   are before it clears any state (and empties the list), and so does
    listing a pool set up since.  A number may be listed twice (its pool
    changed, its arena was given back, and another was made at its index),
    or the list given up: the walk then looks into every pool.  So it does
@@ -1136,7 +1136,7 @@ make_room_for_changes(size_t extra)
 void
 _PyMemTrack_PoolSetUp(struct pool_header *pool)
 {
-    pool->memtrack_changed = _PyMemTrack_POOL_CHANGED;
+    _PyMemTrack_SetPoolState(pool, _PyMemTrack_POOL_CHANGED);
     if (changed_unlisted) {
         return;
     }
@@ -1208,14 +1208,14 @@ _PyMemTrack_NoteChange(uintptr_t block, int was_free)
 {
     struct pool_header *pool = _PyMemTrack_PoolOf(block);
     size_t number = _PyMemTrack_PoolNumber(pool);
-    if (pool->memtrack_changed == _PyMemTrack_POOL_UNCHANGED) {
+    if (_PyMemTrack_PoolState(pool) == _PyMemTrack_POOL_UNCHANGED) {
         _Py_memtrack_changed.numbers[_Py_memtrack_changed.length++] = number;
     }
     pool_memo *memo = number < memos_length ? memos[number] : NULL;
-    pool->memtrack_changed = (memo != NULL
-                              && note_change(memo, block, was_free)
-                              ? _PyMemTrack_POOL_NOTED
-                              : _PyMemTrack_POOL_CHANGED);
+    _PyMemTrack_SetPoolState(pool, (memo != NULL
+                                    && note_change(memo, block, was_free)
+                                    ? _PyMemTrack_POOL_NOTED
+                                    : _PyMemTrack_POOL_CHANGED));
 }
 
 void
@@ -1394,10 +1394,10 @@ noted_are_blocks(pool_memo *memo, uintptr_t first, size_t size)
 
 static void
 look_into_visited(uintptr_t first, uintptr_t end, size_t size,
-                  uint8_t *changed, void *arg)
+                  unsigned int state, void *arg)
 {
     pool_memo **memo = arg;
-    if (*memo != NULL && *changed != _PyMemTrack_POOL_CHANGED
+    if (*memo != NULL && state != _PyMemTrack_POOL_CHANGED
         && (*memo)->size == size && noted_are_blocks(*memo, first, size))
     {
         *memo = look_at_noted(*memo, first, end);
@@ -1445,10 +1445,10 @@ relook_pool(size_t number)
 /* The cross-check: the sums are what a fresh look into every pool finds,
    and no pool is left changed. */
 static void
-check_visited(uintptr_t first, uintptr_t end, size_t size, uint8_t *changed,
-              void *Py_UNUSED(arg))
+check_visited(uintptr_t first, uintptr_t end, size_t size,
+              unsigned int state, void *Py_UNUSED(arg))
 {
-    assert(!*changed);
+    assert(state == _PyMemTrack_POOL_UNCHANGED);
     for (uintptr_t b = first; b < end; b += size) {
         _Py_memtally *t;
         if (object_in_block(b, size, &t) != NULL) {
@@ -1545,7 +1545,7 @@ typedef struct {
 
 static void
 visit_pool_objects(uintptr_t first, uintptr_t end, size_t size,
-                   uint8_t *Py_UNUSED(changed), void *arg)
+                   unsigned int Py_UNUSED(state), void *arg)
 {
     object_visit *v = arg;
     for (uintptr_t b = first; b < end && !v->stop; b += size) {

@@ -18,15 +18,15 @@ extern "C" {
    no bookkeeping, and a block counts as an object's exactly as long as it
    is allocated.  The walk remembers what it found in each pool, and keeps
    the sums by type; it looks again only into the pools whose blocks
-   changed since (a byte in the pool's header, set where a block is handed
-   out, freed or marked, or an object's __class__ assigned, puts the pool
-   on a list), so that a reading costs in proportion to what changed, not
-   to the heap; and in a pool where few blocks changed, it looks only at
-   those, which the pool's memo notes as they change (with what the walk
-   saw there: see _PyMemTrack_BlockChanging()).  Buffers an object owns
-   (list items, dict tables, ...) are fewer: their owners claim them for
-   their type's tally.  The anonymous tag is what no one has claimed and
-   no object is in.
+   changed since (a state in the pool's header, set where a block is
+   handed out, freed or marked, or an object's __class__ assigned, puts
+   the pool on a list), so that a reading costs in proportion to what
+   changed, not to the heap; and in a pool where few blocks changed, it
+   looks only at those, which the pool's memo notes as they change (with
+   what the walk saw there: see _PyMemTrack_BlockChanging()).  Buffers an
+   object owns (list items, dict tables, ...) are fewer: their owners
+   claim them for their type's tally.  The anonymous tag is what no one
+   has claimed and no object is in.
 
    Most blocks hold objects, so it is the other blocks that are marked:
    a bit in a map in the header of each pool says that a block holds data
@@ -143,23 +143,26 @@ struct _Py_memtrack_counts {
 };
 PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 
-/* A pool's header holds a map with a bit for each granule past the
-   header, which says that the block starting there holds data, and a byte
-   that says whether the pool changed: whether what its blocks hold may
-   have changed (a block handed out, freed or marked, an object's class
-   assigned) since the walk last looked into it.  The walk looks again only
-   into pools that changed, and only at the blocks noted if there are
-   few.  (A byte for each quarter of a pool saved a quarter of the walk's
-   time on a heap mutated at random, for 1.5% more instructions over
-   bench/'s kinds, 2.8% on its integer loop; one byte per pool costs 0.3%
-   and 0.5%.) */
+/* A pool's header holds a map with a bit for each granule, which says
+   that the block starting there holds data.  The bits of the first two
+   granules, which the header covers, hold the pool's state: whether what
+   its blocks hold may have changed (a block handed out, freed or marked,
+   an object's class assigned) since the walk last looked into it.  The
+   walk looks again only into pools that changed, and only at the blocks
+   noted if there are few.  (A state for each quarter of a pool saved a
+   quarter of the walk's time on a heap mutated at random, for 1.5% more
+   instructions over bench/'s kinds, 2.8% on its integer loop; one per
+   pool costs 0.3% and 0.5%.) */
 enum {
     _PyMemTrack_POOL_UNCHANGED = 0,
     /* The blocks that changed are noted (in memtrack.c). */
-    _PyMemTrack_POOL_NOTED,
-    /* Any of its blocks may have changed. */
-    _PyMemTrack_POOL_CHANGED,
+    _PyMemTrack_POOL_NOTED = 1,
+    /* Any of its blocks may have changed: a bit of its own, which the
+       allocator tests. */
+    _PyMemTrack_POOL_CHANGED = 2,
 };
+#define _PyMemTrack_POOL_STATE \
+    ((uint64_t)(_PyMemTrack_POOL_NOTED | _PyMemTrack_POOL_CHANGED))
 
 #define _PyMemTrack_POOL_MASK \
     (((uintptr_t)1 << _PyObmalloc_POOL_BITS) - 1)
@@ -178,19 +181,39 @@ _PyMemTrack_PoolOf(uintptr_t block)
    every address and count. */
 #define _PyMemTrack_FREED ((uintptr_t)-5)
 
-/* The map's byte that holds the bit of a block in a pool. */
-static inline uint8_t *
-_PyMemTrack_MapByte(uintptr_t block)
+/* A pool's state, in its map's first word. */
+static inline unsigned int
+_PyMemTrack_PoolState(struct pool_header *pool)
 {
-    return &_PyMemTrack_PoolOf(block)->memtrack_map[
-        ((block & _PyMemTrack_POOL_MASK) >> (_PyObmalloc_GRANULE_SHIFT + 3))
-        - 1];
+    return (unsigned int)(pool->memtrack_map[0] & _PyMemTrack_POOL_STATE);
 }
 
-static inline uint8_t
-_PyMemTrack_MapBit(uintptr_t block)
+static inline int
+_PyMemTrack_PoolChanged(struct pool_header *pool)
 {
-    return (uint8_t)(1u << ((block >> _PyObmalloc_GRANULE_SHIFT) % 8));
+    return (pool->memtrack_map[0] & _PyMemTrack_POOL_CHANGED) != 0;
+}
+
+static inline void
+_PyMemTrack_SetPoolState(struct pool_header *pool, unsigned int state)
+{
+    pool->memtrack_map[0] = ((pool->memtrack_map[0] & ~_PyMemTrack_POOL_STATE)
+                             | state);
+}
+
+/* The map's word that holds the bit of a block in a pool, and the bit's
+   place in it. */
+static inline uint64_t *
+_PyMemTrack_MapWord(uintptr_t block)
+{
+    return &_PyMemTrack_PoolOf(block)->memtrack_map[
+        (block & _PyMemTrack_POOL_MASK) >> (_PyObmalloc_GRANULE_SHIFT + 6)];
+}
+
+static inline unsigned int
+_PyMemTrack_MapShift(uintptr_t block)
+{
+    return (unsigned int)((block >> _PyObmalloc_GRANULE_SHIFT) % 64);
 }
 
 /* A pool's number: its arena's index, and its slot in the span of
@@ -207,9 +230,9 @@ _PyMemTrack_PoolNumber(struct pool_header *pool)
                & (((size_t)1 << _PyMemTrack_SLOT_BITS) - 1)));
 }
 
-/* The numbers of the pools whose changed byte was set since the walk
-   looked into them, so that it looks into no other.  There is always room
-   for every pool whose byte is clear (see memtrack.c). */
+/* The numbers of the pools whose state was set since the walk looked
+   into them, so that it looks into no other.  There is always room for
+   every pool whose state is clear (see memtrack.c). */
 struct _Py_memtrack_changed_pools {
     size_t *numbers;
     size_t length;
@@ -226,9 +249,7 @@ PyAPI_FUNC(void) _PyMemTrack_NoteChange(uintptr_t block, int was_free);
 static inline void
 _PyMemTrack_BlockChanging(uintptr_t block, int was_free)
 {
-    if (_PyMemTrack_PoolOf(block)->memtrack_changed
-        != _PyMemTrack_POOL_CHANGED)
-    {
+    if (!_PyMemTrack_PoolChanged(_PyMemTrack_PoolOf(block))) {
         _PyMemTrack_NoteChange(block, was_free);
     }
 }
@@ -245,20 +266,24 @@ extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
 static inline int
 _PyMemTrack_IsData(uintptr_t block)
 {
-    return (*_PyMemTrack_MapByte(block) & _PyMemTrack_MapBit(block)) != 0;
+    return (*_PyMemTrack_MapWord(block) >> _PyMemTrack_MapShift(block)) & 1;
 }
 
 static inline void
 _PyMemTrack_MarkData(uintptr_t block)
 {
     _PyMemTrack_BlockChanging(block, 0);
-    *_PyMemTrack_MapByte(block) |= _PyMemTrack_MapBit(block);
+    *_PyMemTrack_MapWord(block) |= (uint64_t)1 << _PyMemTrack_MapShift(block);
 }
 
 static inline void
 _PyMemTrack_ClearMark(uintptr_t block)
 {
-    *_PyMemTrack_MapByte(block) &= (uint8_t)~_PyMemTrack_MapBit(block);
+    /* ~(1 << n) as a rotation of ~1, which spares pymalloc's allocation
+       two instructions. */
+    unsigned int n = _PyMemTrack_MapShift(block);
+    uint64_t rest = ~(uint64_t)1;
+    *_PyMemTrack_MapWord(block) &= (rest << n) | (rest >> ((64 - n) % 64));
 }
 
 static inline void
@@ -273,6 +298,17 @@ static inline size_t
 _PyMemTrack_ClassSize(unsigned int szidx)
 {
     return ((size_t)szidx + 1) << _PyObmalloc_GRANULE_SHIFT;
+}
+
+/* The block size of a pool in use.  pymalloc sets its maxnextoffset to
+   the pool's size less that; reading it spares the free the two
+   instructions of INDEX2SIZE(). */
+static inline size_t
+_PyMemTrack_PoolBlockSize(struct pool_header *pool)
+{
+    size_t size = ((size_t)1 << _PyObmalloc_POOL_BITS) - pool->maxnextoffset;
+    assert(size == _PyMemTrack_ClassSize(pool->szidx));
+    return size;
 }
 
 /* The size class of a block in a pool, from its pool's header. */
@@ -354,9 +390,7 @@ _PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
     _PyMemTrack_ClearMark((uintptr_t)block);
     _PyMemTrack_Count(_Py_SIZE_ROUND_UP(
         nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT));
-    if (_PyMemTrack_PoolOf((uintptr_t)block)->memtrack_changed
-        != _PyMemTrack_POOL_CHANGED)
-    {
+    if (!_PyMemTrack_PoolChanged(_PyMemTrack_PoolOf((uintptr_t)block))) {
         return _PyMemTrack_NoteHandOut(block);
     }
     return block;
@@ -385,8 +419,8 @@ _PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
     if (_PyMemTrack_AbovePeak()) {
         pool = _PyMemTrack_NotePeakAt(block);
     }
-    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_ClassSize(pool->szidx);
-    if (pool->memtrack_changed != _PyMemTrack_POOL_CHANGED) {
+    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
+    if (!_PyMemTrack_PoolChanged(pool)) {
         pool = _PyMemTrack_NoteFree(block);
     }
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
@@ -475,13 +509,12 @@ extern size_t _PyMemTrack_PoolNumbers(void);
 
 /* For sys.type_memory_usage(): visit each pool that has blocks allocated,
    with the span of its blocks that were ever handed out (each allocated,
-   or stamped as freed), their size, and its changed byte; and count the
-   blocks in the pools.  The second visits one pool by its number (see
-   _PyMemTrack_PoolNumber()), and clears its changed byte if the pool is
-   set up; it returns the blocks allocated there (0 for no pool,
-   unvisited). */
+   or stamped as freed), their size, and its state; and count the blocks
+   in the pools.  The second visits one pool by its number (see
+   _PyMemTrack_PoolNumber()), and clears its state if the pool is set up;
+   it returns the blocks allocated there (0 for no pool, unvisited). */
 typedef void (*_PyMemTrack_poolfunc)(uintptr_t first, uintptr_t end,
-                                     size_t size, uint8_t *changed,
+                                     size_t size, unsigned int state,
                                      void *arg);
 extern Py_ssize_t _PyMemTrack_VisitPools(_PyMemTrack_poolfunc visit,
                                          void *arg);

@@ -36,13 +36,12 @@ struct pool_header {
     unsigned int nextoffset;        /* offset of the first untouched block */
     unsigned int maxnextoffset;     /* the largest nextoffset can be */
 #ifdef Py_TRACK_MEMORY
-    /* Whether what the pool's blocks hold may have changed since the
-       tracking's walk last looked into it (pycore_memtrack.h). */
-    uint8_t memtrack_changed;
-    /* A bit for each granule but the first eight, which the header covers:
-       whether the block starting there holds data (pycore_memtrack.h). */
-    uint8_t memtrack_map[((1 << _PyObmalloc_POOL_BITS)
-                          >> (_PyObmalloc_GRANULE_SHIFT + 3)) - 1];
+    /* A bit for each granule: whether the block starting there holds
+       data.  No block starts in the granules the header covers: two of
+       their bits say whether what the pool's blocks hold may have changed
+       since the tracking's walk last looked into it (pycore_memtrack.h). */
+    uint64_t memtrack_map[(1 << _PyObmalloc_POOL_BITS)
+                          >> (_PyObmalloc_GRANULE_SHIFT + 6)];
 #endif
 };
 

@@ -1124,6 +1124,20 @@ class MemtrackTests(unittest.TestCase):
         self.check_tags_add_up()
         del buffers
 
+    def test_data_that_reads_as_an_object(self):
+        # A list of two items, the second a class, has a buffer that
+        # reads as an instance of it (object's fit a block of that size):
+        # the accounting must know it is data, in every block of every
+        # pool, however the blocks around it come and go.
+        counts = sys.type_allocation_counts()["object"]
+        rows = [[None, object] for _ in range(N)]
+        self.assertLess(sys.type_allocation_counts()["object"] - counts, 10)
+        del rows[::3]
+        rows += [[None, object] for _ in range(N)]
+        self.assertLess(sys.type_allocation_counts()["object"] - counts, 10)
+        self.check_tags_add_up()
+        del rows
+
     def test_objects_outliving_their_class(self):
         # A C extension's free list may hold the blocks of dead objects
         # without holding their class, which may then be freed.  The
