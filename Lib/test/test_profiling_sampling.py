@@ -219,6 +219,16 @@ def wait_until_asleep(thread):
         time.sleep(0.001)
 
 
+def wait_until_gone(thread):
+    """Returns once the kernel's thread of a joined *thread* has exited,
+    where /proc says."""
+    deadline = time.monotonic() + support.SHORT_TIMEOUT
+    while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{thread} did not exit")
+        time.sleep(0.0002)
+
+
 @contextlib.contextmanager
 def sleeping_thread():
     """A thread sleeping in sleeper() for the duration."""
@@ -941,7 +951,10 @@ class StackTests(unittest.TestCase):
                          {"first": {"first"}, "second": {"second"}})
 
     def test_export_of_a_reused_ident_is_the_latest_thread(self):
-        # glibc gives a thread the stack, so the ident, of one just joined.
+        # glibc gives a new thread the stack, so the ident, of one that
+        # has exited.  join() returns a little before the kernel's thread
+        # is gone (a third of the time, the next thread got another
+        # stack): waiting for that makes the reuse all but certain.
         for _ in range(5):
             sampler = Sampler(2000, all_threads=True)
             with sampler:
@@ -949,6 +962,7 @@ class StackTests(unittest.TestCase):
                 for t in threads:
                     t.start()
                     t.join()
+                    wait_until_gone(t)
             # Both sampled: a stalled sampler may miss a thread.
             idents = [ident for ident, _, _ in sampler.threads()]
             if (threads[0].ident == threads[1].ident
