@@ -748,7 +748,7 @@ reserved_size(void *ptr, int claimed)
     size_t size;
     if (block == _Py_memtrack.last_block) {
         /* Just handed out (a reallocated buffer, say): surely pooled. */
-        size = _PyMemTrack_ClassSize(_PyMemTrack_PooledClass(block));
+        size = _PyMemTrack_PooledSize(block);
     }
     else if (_PyObject_PooledBlock(block, &size) != block) {
         /* Not read from the block: it may come from anywhere. */
@@ -1185,9 +1185,8 @@ note_change(pool_memo *memo, uintptr_t block, int was_free)
     _Py_memtally *t;
     /* A block handed out was free; the size is the pool's now, as the
        memo's may be that of the pool's last life. */
-    if (!was_free && object_in_block(
-            block, _PyMemTrack_ClassSize(_PyMemTrack_PooledClass(block)),
-            &t) != NULL)
+    if (!was_free
+        && object_in_block(block, _PyMemTrack_PooledSize(block), &t) != NULL)
     {
         uint32_t i = memo_entry(memo, t);
         if (i >= NO_ENTRY) {

@@ -293,29 +293,23 @@ _PyMemTrack_Unmark(uintptr_t block)
     _PyMemTrack_ClearMark(block);
 }
 
-/* The block size of a size class: pymalloc's INDEX2SIZE(szidx). */
-static inline size_t
-_PyMemTrack_ClassSize(unsigned int szidx)
-{
-    return ((size_t)szidx + 1) << _PyObmalloc_GRANULE_SHIFT;
-}
-
 /* The block size of a pool in use.  pymalloc sets its maxnextoffset to
-   the pool's size less that; reading it spares the free the two
-   instructions of INDEX2SIZE(). */
+   the pool's size less that, with its size class; reading it spares the
+   free the two instructions of INDEX2SIZE(szidx). */
 static inline size_t
 _PyMemTrack_PoolBlockSize(struct pool_header *pool)
 {
     size_t size = ((size_t)1 << _PyObmalloc_POOL_BITS) - pool->maxnextoffset;
-    assert(size == _PyMemTrack_ClassSize(pool->szidx));
+    assert(size
+           == ((size_t)pool->szidx + 1) << _PyObmalloc_GRANULE_SHIFT);
     return size;
 }
 
-/* The size class of a block in a pool, from its pool's header. */
-static inline unsigned int
-_PyMemTrack_PooledClass(uintptr_t block)
+/* The size of a block in a pool in use. */
+static inline size_t
+_PyMemTrack_PooledSize(uintptr_t block)
 {
-    return _PyMemTrack_PoolOf(block)->szidx;
+    return _PyMemTrack_PoolBlockSize(_PyMemTrack_PoolOf(block));
 }
 
 /* The block handed out last holds data, as far as anyone knows: no object
@@ -546,8 +540,8 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
         && t != NULL)
     {
-        unsigned int szidx = _PyMemTrack_PooledClass((uintptr_t)ptr);
-        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_ClassSize(szidx));
+        _PyMemTrack_Claim(t,
+                          (Py_ssize_t)_PyMemTrack_PooledSize((uintptr_t)ptr));
         _PyMemTrack_MarkData((uintptr_t)ptr);
         _Py_memtrack.last_block = 0;
     }
