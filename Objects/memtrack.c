@@ -58,6 +58,7 @@ static _Py_memtally *no_types[2];
 struct _Py_memtrack_type_table _Py_memtrack_types = {
     .slots = no_types, .mask = 1, .shift = 63,
 };
+_Py_memtally *_Py_memtrack_core_tallies[_PyMemTrack_NCORE];
 
 /* The names' tallies, by name. */
 static _Py_hashtable_t *names;
@@ -318,6 +319,18 @@ grow_types(void)
     return 0;
 }
 
+/* Keep a core owner's variable as the table has its tally. */
+static void
+set_core_tally(PyTypeObject *type, _Py_memtally *t)
+{
+#define SET_IF_CORE(T) \
+    if (type == &T) { \
+        _Py_memtrack_core_tallies[_PyMemTrack_CORE_##T] = t; \
+    }
+    _PyMemTrack_CORE_OWNERS(SET_IF_CORE)
+#undef SET_IF_CORE
+}
+
 /* The tally of a type, made if it has none; NULL without memory (the
    type's memory then counts as anonymous). */
 static _Py_memtally *
@@ -339,6 +352,7 @@ type_tally(PyTypeObject *type)
     t->type = type;
     _Py_memtrack_types.slots[type_slot_for_insert(type)] = t;
     _Py_memtrack_types.count++;
+    set_core_tally(type, t);
     return t;
 }
 
@@ -375,6 +389,7 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     if (slots[i] == NULL) {
         return;
     }
+    set_core_tally(type, NULL);
     free_tally(slots[i]);
     _Py_memtrack_types.count--;
     for (size_t j = (i + 1) & mask; slots[j] != NULL; j = (j + 1) & mask) {
@@ -1469,6 +1484,11 @@ check_sums(void)
         assert(t->checked_objects == t->pooled_objects);
         assert(t->checked_bytes == t->pooled_bytes);
     }
+#define CHECK_CORE(T) \
+    assert(_Py_memtrack_core_tallies[_PyMemTrack_CORE_##T] \
+           == _PyMemTrack_TableTally(&T));
+    _PyMemTrack_CORE_OWNERS(CHECK_CORE)
+#undef CHECK_CORE
 }
 #endif
 

@@ -109,9 +109,9 @@ _PyMemTrack_TypeSlot(PyTypeObject *type)
     return (size_t)(_PyMemTrack_AddressHash(type) >> _Py_memtrack_types.shift);
 }
 
-/* The tally of a type; NULL for a type not in the table. */
+/* The tally of a type in the table; NULL for a type not in it. */
 static inline _Py_memtally *
-_PyMemTrack_TallyOf(PyTypeObject *type)
+_PyMemTrack_TableTally(PyTypeObject *type)
 {
     size_t i = _PyMemTrack_TypeSlot(type);
     for (;;) {
@@ -121,6 +121,48 @@ _PyMemTrack_TallyOf(PyTypeObject *type)
         }
         i = (i + 1) & _Py_memtrack_types.mask;
     }
+}
+
+/* The core types whose objects' buffers are claimed where they are
+   allocated and freed, with the owner written as a constant (dict keys
+   and values, list items, ...).  Each one's tally is kept in a slot of
+   its own as well as in the table, so that those claims read it with one
+   load instead of the table's lookup (a hash and two dependent loads: a
+   dozen instructions at each allocation and free of such a buffer). */
+#define _PyMemTrack_CORE_OWNERS(X) \
+    X(PyDict_Type) \
+    X(PyList_Type) \
+    X(PyUnicode_Type) \
+    X(PyByteArray_Type) \
+    X(PyCode_Type)
+
+enum {
+#define _PyMemTrack_CORE_INDEX(T) _PyMemTrack_CORE_##T,
+    _PyMemTrack_CORE_OWNERS(_PyMemTrack_CORE_INDEX)
+#undef _PyMemTrack_CORE_INDEX
+    _PyMemTrack_NCORE
+};
+
+/* A core owner's tally, or NULL while the table has none for it:
+   _PyMemTrack_TableTally() of the type, always (memtrack.c sets both at
+   once, and its debug cross-check compares them). */
+PyAPI_DATA(_Py_memtally *) _Py_memtrack_core_tallies[_PyMemTrack_NCORE];
+
+/* The tally of a type; NULL for a type not in the table.  For a core
+   owner named as a constant, the compiler keeps only the load of its
+   variable; for any other type, only the table's lookup. */
+static inline _Py_memtally *
+_PyMemTrack_TallyOf(PyTypeObject *type)
+{
+#ifdef __GNUC__
+#  define _PyMemTrack_IF_CORE(T) \
+    if (__builtin_constant_p(type == &T) && type == &T) { \
+        return _Py_memtrack_core_tallies[_PyMemTrack_CORE_##T]; \
+    }
+    _PyMemTrack_CORE_OWNERS(_PyMemTrack_IF_CORE)
+#  undef _PyMemTrack_IF_CORE
+#endif
+    return _PyMemTrack_TableTally(type);
 }
 
 /* What the mem and object domains hold, and what the allocator tells the
