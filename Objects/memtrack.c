@@ -319,7 +319,7 @@ grow_types(void)
     return 0;
 }
 
-/* Keep a core owner's variable as the table has its tally. */
+/* Keep a core owner's entry as the table has its tally. */
 static void
 set_core_tally(PyTypeObject *type, _Py_memtally *t)
 {

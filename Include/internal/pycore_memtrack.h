@@ -123,12 +123,14 @@ _PyMemTrack_TableTally(PyTypeObject *type)
     }
 }
 
-/* The core types whose objects' buffers are claimed where they are
-   allocated and freed, with the owner written as a constant (dict keys
-   and values, list items, ...).  Each one's tally is kept in a slot of
-   its own as well as in the table, so that those claims read it with one
-   load instead of the table's lookup (a hash and two dependent loads: a
-   dozen instructions at each allocation and free of such a buffer). */
+/* The hot ones among the owners that claims name as constants: the core
+   types whose objects' buffers are claimed where they are allocated and
+   freed (dict keys and values, list items, ...).  Each one's tally is
+   kept in an entry of _Py_memtrack_core_tallies as well as in the table,
+   so that those claims read it with one load instead of the table's
+   lookup (a hash and two dependent loads: a dozen instructions at each
+   allocation and free of such a buffer; its resizes, out of line, still
+   look it up). */
 #define _PyMemTrack_CORE_OWNERS(X) \
     X(PyDict_Type) \
     X(PyList_Type) \
@@ -149,8 +151,10 @@ enum {
 PyAPI_DATA(_Py_memtally *) _Py_memtrack_core_tallies[_PyMemTrack_NCORE];
 
 /* The tally of a type; NULL for a type not in the table.  For a core
-   owner named as a constant, the compiler keeps only the load of its
-   variable; for any other type, only the table's lookup. */
+   owner named as a constant, GCC and clang keep only the load of its
+   entry where they inline this; for any other type, and wherever they do
+   not inline it (as in debug builds, which so never read the entries),
+   only the table's lookup. */
 static inline _Py_memtally *
 _PyMemTrack_TallyOf(PyTypeObject *type)
 {
