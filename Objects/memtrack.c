@@ -319,7 +319,9 @@ grow_types(void)
     return 0;
 }
 
-/* Keep a core owner's entry as the table has its tally. */
+/* The table has just gained a tally: if it is a core owner's, its entry
+   too.  (The table never loses theirs: they are static types, and only
+   heap types are forgotten.) */
 static void
 set_core_tally(PyTypeObject *type, _Py_memtally *t)
 {
@@ -389,7 +391,6 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     if (slots[i] == NULL) {
         return;
     }
-    set_core_tally(type, NULL);
     free_tally(slots[i]);
     _Py_memtrack_types.count--;
     for (size_t j = (i + 1) & mask; slots[j] != NULL; j = (j + 1) & mask) {

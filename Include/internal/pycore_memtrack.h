@@ -147,7 +147,8 @@ enum {
 
 /* A core owner's tally, or NULL while the table has none for it:
    _PyMemTrack_TableTally() of the type, always (memtrack.c sets both at
-   once, and its debug cross-check compares them). */
+   once, the table never loses a static type's tally, and the debug
+   cross-check compares them). */
 PyAPI_DATA(_Py_memtally *) _Py_memtrack_core_tallies[_PyMemTrack_NCORE];
 
 /* The tally of a type; NULL for a type not in the table.  For a core
