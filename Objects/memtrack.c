@@ -173,10 +173,11 @@ _PyMemTrack_NotePeakAt(void *block)
 }
 
 void *
-_PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes)
+_PyMemTrack_PooledHandedOutSlow(void *block, struct pool_header *pool,
+                                size_t nbytes)
 {
     _PyMemTrack_ForgetLastBlock();
-    return _PyMemTrack_PooledHandedOut(block, nbytes);
+    return _PyMemTrack_PooledHandedOut(block, pool, nbytes);
 }
 
 static Py_ssize_t
@@ -390,6 +391,10 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     }
     if (slots[i] == NULL) {
         return;
+    }
+    if (_Py_memtrack_types.last_type == type) {
+        _Py_memtrack_types.last_type = NULL;
+        _Py_memtrack_types.last_tally = NULL;
     }
     free_tally(slots[i]);
     _Py_memtrack_types.count--;
@@ -1052,7 +1057,7 @@ pooled_object(uintptr_t block, size_t size, _Py_memtally **tally)
          pre += 2 * sizeof(PyObject *))
     {
         PyObject *op = (PyObject *)(block + pre);
-        _Py_memtally *t = _PyMemTrack_TallyOf(Py_TYPE(op));
+        _Py_memtally *t = _PyMemTrack_TableTally(Py_TYPE(op));
         if (t != NULL && _PyType_PreHeaderSize(Py_TYPE(op)) == pre) {
             *tally = t;
             return op;
@@ -1246,6 +1251,16 @@ _PyMemTrack_HooksErasing(char api_id, void *block)
     }
 }
 
+void
+_PyMemTrack_HooksHandedOut(char api_id)
+{
+    /* The raw domain's blocks are not pymalloc's, and are allocated
+       without the GIL. */
+    if (api_id != 'r') {
+        _PyMemTrack_ForgetLastBlock();
+    }
+}
+
 /* Count an object of t's type in memo, whose entry is then at *index;
    NULL without memory, the memo freed. */
 static pool_memo *
@@ -1328,7 +1343,7 @@ sum_memo(pool_memo *memo, int sign)
 {
     pooled_blocks += sign * memo->blocks;
     for (uint32_t i = 0; i < memo->length; i++) {
-        _Py_memtally *t = _PyMemTrack_TallyOf(memo->entries[i].type);
+        _Py_memtally *t = _PyMemTrack_TableTally(memo->entries[i].type);
         if (t != NULL && t->serial == memo->entries[i].serial) {
             Py_ssize_t count = sign * memo->entries[i].count;
             t->pooled_objects += count;
@@ -1529,7 +1544,7 @@ look_into_changed_pools(void)
 static void
 count_objects_as(PyTypeObject *type, Py_ssize_t count, size_t size)
 {
-    _Py_memtally *t = _PyMemTrack_TallyOf(type);
+    _Py_memtally *t = _PyMemTrack_TableTally(type);
     if (t != NULL) {
         t->object_bytes += count * (Py_ssize_t)size;
         t->objects += count;

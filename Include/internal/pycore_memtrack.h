@@ -92,6 +92,12 @@ struct _Py_memtrack_type_table {
     size_t mask;                    /* capacity - 1 */
     int shift;                      /* 64 - log2(capacity) */
     size_t count;
+    /* The class that a claim last found here, and its tally: a program
+       makes and drops objects of one class in a row, and an instance's
+       values are claimed for its class.  (Static types, claimed for
+       between those, would take its place.) */
+    PyTypeObject *last_type;
+    _Py_memtally *last_tally;
 };
 PyAPI_DATA(struct _Py_memtrack_type_table) _Py_memtrack_types;
 
@@ -151,11 +157,13 @@ enum {
    cross-check compares them). */
 PyAPI_DATA(_Py_memtally *) _Py_memtrack_core_tallies[_PyMemTrack_NCORE];
 
-/* The tally of a type; NULL for a type not in the table.  For a core
-   owner named as a constant, GCC and clang keep only the load of its
-   entry where they inline this; for any other type, and wherever they do
-   not inline it (as in debug builds, which so never read the entries),
-   only the table's lookup. */
+/* The tally of a type that claims or gives back a block; NULL for a
+   type not in the table.  For a core owner named as a constant, GCC and
+   clang keep only the load of its entry where they inline this; for any
+   other type, and wherever they do not inline it (as in debug builds,
+   which so never read the entries), the table's last type found, or its
+   lookup.  (The walk and the rest look types up in the table itself, and
+   leave the last type to the claims.) */
 static inline _Py_memtally *
 _PyMemTrack_TallyOf(PyTypeObject *type)
 {
@@ -167,7 +175,16 @@ _PyMemTrack_TallyOf(PyTypeObject *type)
     _PyMemTrack_CORE_OWNERS(_PyMemTrack_IF_CORE)
 #  undef _PyMemTrack_IF_CORE
 #endif
-    return _PyMemTrack_TableTally(type);
+    if (type == _Py_memtrack_types.last_type) {
+        assert(_Py_memtrack_types.last_tally == _PyMemTrack_TableTally(type));
+        return _Py_memtrack_types.last_tally;
+    }
+    _Py_memtally *t = _PyMemTrack_TableTally(type);
+    if (t != NULL && (type->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        _Py_memtrack_types.last_type = type;
+        _Py_memtrack_types.last_tally = t;
+    }
+    return t;
 }
 
 /* What the mem and object domains hold, and what the allocator tells the
@@ -251,9 +268,10 @@ _PyMemTrack_SetPoolState(struct pool_header *pool, unsigned int state)
 /* The map's word that holds the bit of a block in a pool, and the bit's
    place in it. */
 static inline uint64_t *
-_PyMemTrack_MapWord(uintptr_t block)
+_PyMemTrack_MapWord(struct pool_header *pool, uintptr_t block)
 {
-    return &_PyMemTrack_PoolOf(block)->memtrack_map[
+    assert(pool == _PyMemTrack_PoolOf(block));
+    return &pool->memtrack_map[
         (block & _PyMemTrack_POOL_MASK) >> (_PyObmalloc_GRANULE_SHIFT + 6)];
 }
 
@@ -305,6 +323,11 @@ _PyMemTrack_BlockChanging(uintptr_t block, int was_free)
    about to erase a block they free or move: what it holds is noted
    first. */
 extern void _PyMemTrack_HooksErasing(char api_id, void *block);
+/* ...and have had a block from the allocator they wrap.  It holds data
+   until an object is made in it: the objects made in the hooks' blocks
+   find theirs the slow way, so that the usual case never allows for the
+   hooks' pad. */
+extern void _PyMemTrack_HooksHandedOut(char api_id);
 
 /* pymalloc sets up a pool in an arena (whose memory may hold anything). */
 extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
@@ -313,31 +336,41 @@ extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
 static inline int
 _PyMemTrack_IsData(uintptr_t block)
 {
-    return (*_PyMemTrack_MapWord(block) >> _PyMemTrack_MapShift(block)) & 1;
+    return (*_PyMemTrack_MapWord(_PyMemTrack_PoolOf(block), block)
+            >> _PyMemTrack_MapShift(block)) & 1;
+}
+
+/* Set a block's bit, once its change is noted. */
+static inline void
+_PyMemTrack_SetMark(struct pool_header *pool, uintptr_t block)
+{
+    *_PyMemTrack_MapWord(pool, block)
+        |= (uint64_t)1 << _PyMemTrack_MapShift(block);
 }
 
 static inline void
 _PyMemTrack_MarkData(uintptr_t block)
 {
     _PyMemTrack_BlockChanging(block, 0);
-    *_PyMemTrack_MapWord(block) |= (uint64_t)1 << _PyMemTrack_MapShift(block);
+    _PyMemTrack_SetMark(_PyMemTrack_PoolOf(block), block);
 }
 
 static inline void
-_PyMemTrack_ClearMark(uintptr_t block)
+_PyMemTrack_ClearMark(struct pool_header *pool, uintptr_t block)
 {
     /* ~(1 << n) as a rotation of ~1, which spares pymalloc's allocation
        two instructions. */
     unsigned int n = _PyMemTrack_MapShift(block);
     uint64_t rest = ~(uint64_t)1;
-    *_PyMemTrack_MapWord(block) &= (rest << n) | (rest >> ((64 - n) % 64));
+    *_PyMemTrack_MapWord(pool, block)
+        &= (rest << n) | (rest >> ((64 - n) % 64));
 }
 
 static inline void
 _PyMemTrack_Unmark(uintptr_t block)
 {
     _PyMemTrack_BlockChanging(block, 0);
-    _PyMemTrack_ClearMark(block);
+    _PyMemTrack_ClearMark(_PyMemTrack_PoolOf(block), block);
 }
 
 /* The block size of a pool in use.  pymalloc sets its maxnextoffset to
@@ -417,21 +450,25 @@ extern void *_PyMemTrack_NoteHandOut(void *block);
 /* The same, once the block handed out before, in which no object was
    made, is marked as data: out of line, so that the usual case keeps no
    more registers than pymalloc's own. */
-extern void *_PyMemTrack_PooledHandedOutSlow(void *block, size_t nbytes);
+extern void *_PyMemTrack_PooledHandedOutSlow(void *block,
+                                             struct pool_header *pool,
+                                             size_t nbytes);
 
 static inline void *
-_PyMemTrack_PooledHandedOut(void *block, size_t nbytes)
+_PyMemTrack_PooledHandedOut(void *block, struct pool_header *pool,
+                            size_t nbytes)
 {
+    assert(pool == _PyMemTrack_PoolOf((uintptr_t)block));
     if (_Py_memtrack.last_block != 0) {
-        return _PyMemTrack_PooledHandedOutSlow(block, nbytes);
+        return _PyMemTrack_PooledHandedOutSlow(block, pool, nbytes);
     }
     _Py_memtrack.last_block = (uintptr_t)block;
     /* Whatever its last life was (marked after it was freed, even).  Free,
        it held nothing the walk counts: the change can be noted after. */
-    _PyMemTrack_ClearMark((uintptr_t)block);
+    _PyMemTrack_ClearMark(pool, (uintptr_t)block);
     _PyMemTrack_Count(_Py_SIZE_ROUND_UP(
         nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT));
-    if (!_PyMemTrack_PoolChanged(_PyMemTrack_PoolOf((uintptr_t)block))) {
+    if (!_PyMemTrack_PoolChanged(pool)) {
         return _PyMemTrack_NoteHandOut(block);
     }
     return block;
@@ -523,15 +560,34 @@ _PyMemTrack_NewObject(PyObject *op)
        stays unmarked.  An object found at the block's start needs no look
        at its type (an int, a str: most objects made): an object whose
        type puts a header before it cannot start there, as the header
-       would then lie outside the block. */
+       would then lie outside the block.  Nor does one that its allocation
+       named in the block's stead (the GC's objects).  With debug hooks,
+       there is no block handed out last here (see
+       _PyMemTrack_HooksHandedOut()). */
     uintptr_t last = _Py_memtrack.last_block;
-    uintptr_t at = (uintptr_t)op - _Py_memtrack.hooks_pad;
-    if (at == last || _PyMemTrack_ObjectBlock(op) == last) {
-        assert(at != last || _PyMemTrack_ObjectBlock(op) == last);
+    if ((uintptr_t)op == last
+        || (uintptr_t)op - _PyType_PreHeaderSize(Py_TYPE(op)) == last)
+    {
         _Py_memtrack.last_block = 0;
     }
     else {
         _PyMemTrack_NewObjectSlow(op);
+    }
+}
+
+/* The block at `block` was just allocated for the object op, which its
+   type's pre-header puts after the block's start (gc_alloc() and
+   _PyType_AllocNoTrack()): if pymalloc handed it out last, op names it
+   until _Py_NewReference(), which then finds the object there without a
+   look at its type.  Nothing between the two allocates or walks (a
+   collection, which may, runs before this).  If something did, it would
+   mark op's granule as data: a bit inside the block, which no walk
+   reads, and _Py_NewReference() would find the block the slow way. */
+static inline void
+_PyMemTrack_ObjectAfterPreHeader(void *block, PyObject *op)
+{
+    if ((uintptr_t)block == _Py_memtrack.last_block) {
+        _Py_memtrack.last_block = (uintptr_t)op;
     }
 }
 
@@ -587,9 +643,11 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
         && t != NULL)
     {
-        _PyMemTrack_Claim(t,
-                          (Py_ssize_t)_PyMemTrack_PooledSize((uintptr_t)ptr));
-        _PyMemTrack_MarkData((uintptr_t)ptr);
+        /* Its hand-out noted the block's change, and no walk came
+           between: a walk forgets the block handed out last. */
+        struct pool_header *pool = _PyMemTrack_PoolOf((uintptr_t)ptr);
+        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool));
+        _PyMemTrack_SetMark(pool, (uintptr_t)ptr);
         _Py_memtrack.last_block = 0;
     }
     else if (ptr != NULL) {
@@ -671,7 +729,7 @@ PyAPI_FUNC(void) _PyMemTrack_SetOwnedBytes(PyTypeObject *type,
 static inline _PyMemTrack_OwnedBytesFunc
 _PyMemTrack_OwnedBytesOf(PyTypeObject *type)
 {
-    _Py_memtally *t = _PyMemTrack_TallyOf(type);
+    _Py_memtally *t = _PyMemTrack_TableTally(type);
     return t != NULL ? t->owned_bytes : NULL;
 }
 

@@ -425,6 +425,47 @@ class MemtrackTests(unittest.TestCase):
         # size, most of the time.
         self.assertGreater(reused, 0)
 
+    @support.skip_if_sanitizer("AddressSanitizer's malloc() does not give a"
+                               " freed block back soon", address=True)
+    def test_values_of_a_class_made_where_the_last_owner_was(self):
+        # Claims remember the last class they found a tally for: an
+        # instance's values are claimed for its class.  That class dies
+        # last among the classes here, after a class of another size whose
+        # tally is freed after its own; a class made at its address then
+        # gets that other tally, and its instances' values must count
+        # under it.
+        def make(name, slots=None):
+            ns = {} if slots is None else {"__slots__": slots}
+            return type(name, (), ns)
+
+        def init(self):
+            self.x, self.y, self.z = 1, 2, 3
+
+        reused = 0
+        for _ in range(20):
+            bigger = make("Sightglass_Bigger", [f"s{i}" for i in range(30)])
+            last = make("Sightglass_Last")
+            last.__init__ = init
+            objs = [last() for _ in range(10)]
+            address = id(last)
+            del objs, last
+            gc.collect()        # the last owner dies, then the other
+            del bigger
+            gc.collect()
+            new = make("Sightglass_New")
+            if id(new) != address:
+                continue
+            reused += 1
+            new.__init__ = init
+            block = instance_block(new)
+            objs = [new() for _ in range(N)]
+            usage = sys.type_memory_usage()
+            self.assertGreaterEqual(usage["Sightglass_New"],
+                                    N * (block + 3 * POINTER))
+            self.assertNotIn("Sightglass_Last", usage)
+            del objs, new, usage
+        self.assertGreater(reused, 0)
+
     def test_arenas_given_back_and_made_again(self):
         # Between two readings, arenas fill, empty and are made again, at
         # the same indexes, many times over: each time their pools are
