@@ -809,7 +809,7 @@ _PyMemTrack_NewObjectSlow(PyObject *op)
 {
     /* Made after other blocks were handed out (a collection can run
        between an allocation and its object), in a block that was already
-       an object's (resized in place), or elsewhere. */
+       an object's (resized in place), under debug hooks, or elsewhere. */
     uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
     uintptr_t start = _PyObject_PooledBlock(pooled, &size);

@@ -32,15 +32,15 @@ extern "C" {
    a bit in a map in the header of each pool says that a block holds data
    (a buffer, claimed or not).  pymalloc hands out every block unmarked,
    and remembers it as the last block until its use is known: an object
-   made in it leaves it unmarked, and a claim, the next allocation or the
-   walk marks it as data.  So making an object costs a comparison, and the
-   map is written for data only, and where a block is handed out: not
-   where it is freed, since the last block may be freed before its use is
-   known, and marked afterwards.  A free stamps its block instead.  The
-   walk visits the allocated blocks that are neither marked nor stamped,
-   and finds each one's object after what its type puts before objects
-   (the GC header, the managed dict), which holds no type: see
-   pooled_object_type() in memtrack.c. */
+   made in it leaves it unmarked, and a claim, the next allocation, the
+   walk or debug hooks (at once) mark it as data.  So making an object
+   costs a comparison, and the map is written for data only, and where a
+   block is handed out: not where it is freed, since the last block may be
+   freed before its use is known, and marked afterwards.  A free stamps
+   its block instead.  The walk visits the allocated blocks that are
+   neither marked nor stamped, and finds each one's object after what its
+   type puts before objects (the GC header, the managed dict), which holds
+   no type: see pooled_object_type() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -92,10 +92,10 @@ struct _Py_memtrack_type_table {
     size_t mask;                    /* capacity - 1 */
     int shift;                      /* 64 - log2(capacity) */
     size_t count;
-    /* The class that a claim last found here, and its tally: a program
-       makes and drops objects of one class in a row, and an instance's
-       values are claimed for its class.  (Static types, claimed for
-       between those, would take its place.) */
+    /* The class last found here through _PyMemTrack_TallyOf(), and its
+       tally: a program makes and drops objects of one class in a row, and
+       an instance's values are claimed for its class.  (Static types,
+       claimed for between those, would take its place.) */
     PyTypeObject *last_type;
     _Py_memtally *last_tally;
 };
@@ -161,9 +161,9 @@ PyAPI_DATA(_Py_memtally *) _Py_memtrack_core_tallies[_PyMemTrack_NCORE];
    type not in the table.  For a core owner named as a constant, GCC and
    clang keep only the load of its entry where they inline this; for any
    other type, and wherever they do not inline it (as in debug builds,
-   which so never read the entries), the table's last type found, or its
-   lookup.  (The walk and the rest look types up in the table itself, and
-   leave the last type to the claims.) */
+   which so never read the entries), the table's last class found, or its
+   lookup.  (The walk and the heap scanner look types up in the table
+   itself, and leave the last class to the claims and type_tally().) */
 static inline _Py_memtally *
 _PyMemTrack_TallyOf(PyTypeObject *type)
 {
@@ -196,7 +196,9 @@ struct _Py_memtrack_counts {
        (and when read), never as it grows, so that a growing heap pays
        nothing for it. */
     _Py_atomic_address peak_watermark;
-    /* The block pymalloc handed out last, while its use is unknown. */
+    /* The block pymalloc handed out last, while its use is unknown; or,
+       until _Py_NewReference(), the object made after a pre-header in it
+       (see _PyMemTrack_NameObjectInBlock()). */
     uintptr_t last_block;
     /* What debug hooks put before the pointer they hand out: 0, or two
        size_t. */
@@ -560,9 +562,9 @@ _PyMemTrack_NewObject(PyObject *op)
        stays unmarked.  An object found at the block's start needs no look
        at its type (an int, a str: most objects made): an object whose
        type puts a header before it cannot start there, as the header
-       would then lie outside the block.  Nor does one that its allocation
-       named in the block's stead (the GC's objects).  With debug hooks,
-       there is no block handed out last here (see
+       would then lie outside the block.  Nor does an object that gc_alloc()
+       or _PyType_AllocNoTrack() named in its block's place.  With debug
+       hooks, there is no block handed out last here (see
        _PyMemTrack_HooksHandedOut()). */
     uintptr_t last = _Py_memtrack.last_block;
     if ((uintptr_t)op == last
@@ -581,10 +583,13 @@ _PyMemTrack_NewObject(PyObject *op)
    until _Py_NewReference(), which then finds the object there without a
    look at its type.  Nothing between the two allocates or walks (a
    collection, which may, runs before this).  If something did, it would
-   mark op's granule as data: a bit inside the block, which no walk
-   reads, and _Py_NewReference() would find the block the slow way. */
+   mark op's granule as data: a bit inside the block, which the walk does
+   not read (noted, that granule would send the walk through the whole
+   pool), and _Py_NewReference() would find the block the slow way.
+   (last_block itself may also be a freed block, in a pool set up since
+   for another size; no assertion can tell op from that.) */
 static inline void
-_PyMemTrack_ObjectAfterPreHeader(void *block, PyObject *op)
+_PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
 {
     if ((uintptr_t)block == _Py_memtrack.last_block) {
         _Py_memtrack.last_block = (uintptr_t)op;

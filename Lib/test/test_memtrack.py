@@ -429,11 +429,13 @@ class MemtrackTests(unittest.TestCase):
                                " freed block back soon", address=True)
     def test_values_of_a_class_made_where_the_last_owner_was(self):
         # Claims remember the last class they found a tally for: an
-        # instance's values are claimed for its class.  That class dies
-        # last among the classes here, after a class of another size whose
-        # tally is freed after its own; a class made at its address then
-        # gets that other tally, and its instances' values must count
-        # under it.
+        # instance's values are claimed for its class.  The remembered
+        # class dies, then a class of another size (its type object has
+        # slots), whose tally the next class takes: that class, made at
+        # the remembered class's address, must have its instances' values
+        # count under its own tally.  (The test catches a remembered class
+        # left in place only when nothing claims for another class between
+        # the deaths, and the freed tallies are taken last in, first out.)
         def make(name, slots=None):
             ns = {} if slots is None else {"__slots__": slots}
             return type(name, (), ns)
