@@ -257,6 +257,11 @@ new_tally(void)
 static void
 free_tally(_Py_memtally *t)
 {
+    /* A class found last is forgotten with its tally. */
+    if (_Py_memtrack_types.last_tally == t) {
+        _Py_memtrack_types.last_type = NULL;
+        _Py_memtrack_types.last_tally = NULL;
+    }
     if (t->prev != NULL) {
         t->prev->next = t->next;
     }
@@ -391,10 +396,6 @@ _PyMemTrack_ForgetType(PyTypeObject *type)
     }
     if (slots[i] == NULL) {
         return;
-    }
-    if (_Py_memtrack_types.last_type == type) {
-        _Py_memtrack_types.last_type = NULL;
-        _Py_memtrack_types.last_tally = NULL;
     }
     free_tally(slots[i]);
     _Py_memtrack_types.count--;
@@ -1238,13 +1239,21 @@ _PyMemTrack_NoteChange(uintptr_t block, int was_free)
                                     : _PyMemTrack_POOL_CHANGED));
 }
 
+/* Whether the debug hooks of a domain may hold pymalloc's blocks, and
+   are called with the GIL held: those of the mem and object domains.  The
+   raw domain's blocks are malloc()'s, and any thread allocates and frees
+   them. */
+static inline int
+hooks_domain_pooled(char api_id)
+{
+    return api_id != 'r';
+}
+
 void
 _PyMemTrack_HooksErasing(char api_id, void *block)
 {
     size_t size;
-    /* The raw domain's blocks are not pymalloc's, and are freed without
-       the GIL. */
-    if (api_id != 'r'
+    if (hooks_domain_pooled(api_id)
         && _PyObject_PooledBlock((uintptr_t)block, &size) == (uintptr_t)block)
     {
         _PyMemTrack_BlockChanging((uintptr_t)block, 0);
@@ -1254,9 +1263,7 @@ _PyMemTrack_HooksErasing(char api_id, void *block)
 void
 _PyMemTrack_HooksHandedOut(char api_id)
 {
-    /* The raw domain's blocks are not pymalloc's, and are allocated
-       without the GIL. */
-    if (api_id != 'r') {
+    if (hooks_domain_pooled(api_id)) {
         _PyMemTrack_ForgetLastBlock();
     }
 }
