@@ -180,6 +180,20 @@ _PyMemTrack_PooledHandedOutSlow(void *block, struct pool_header *pool,
     return _PyMemTrack_PooledHandedOut(block, pool, nbytes);
 }
 
+void
+_PyMemTrack_CollectionStarting(void)
+{
+    /* An object named in its block's place lies inside the block: the
+       mark goes to the block's start, which the walk reads. */
+    size_t size;
+    uintptr_t last = _Py_memtrack.last_block;
+    if (last != 0) {
+        _Py_memtrack.last_block = _PyObject_PooledBlock(last, &size);
+        assert(_Py_memtrack.last_block != 0);
+        _PyMemTrack_ForgetLastBlock();
+    }
+}
+
 static Py_ssize_t
 peak_bytes(void)
 {
@@ -894,6 +908,12 @@ void *
 _PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 {
     return realloc_claimed(type_tally(owner), ptr, size, PyObject_Realloc);
+}
+
+void
+_PyObject_OwnedFreeOutOfLine(PyTypeObject *owner, void *ptr)
+{
+    _PyObject_OwnedFree(owner, ptr);
 }
 
 

@@ -32,15 +32,15 @@ extern "C" {
    a bit in a map in the header of each pool says that a block holds data
    (a buffer, claimed or not).  pymalloc hands out every block unmarked,
    and remembers it as the last block until its use is known: an object
-   made in it leaves it unmarked, and a claim, the next allocation, the
-   walk or debug hooks (at once) mark it as data.  So making an object
-   costs a comparison, and the map is written for data only, and where a
-   block is handed out: not where it is freed, since the last block may be
-   freed before its use is known, and marked afterwards.  A free stamps
-   its block instead.  The walk visits the allocated blocks that are
-   neither marked nor stamped, and finds each one's object after what its
-   type puts before objects (the GC header, the managed dict), which holds
-   no type: see pooled_object_type() in memtrack.c. */
+   made in it leaves it unmarked, and a claim, the next allocation, a
+   collection, the walk or debug hooks (at once) mark it as data.  So
+   making an object costs a comparison, and the map is written for data
+   only, and where a block is handed out: not where it is freed, since the
+   last block may be freed before its use is known, and marked afterwards.
+   A free stamps its block instead.  The walk visits the allocated blocks
+   that are neither marked nor stamped, and finds each one's object after
+   what its type puts before objects (the GC header, the managed dict),
+   which holds no type: see pooled_object_type() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -581,13 +581,13 @@ _PyMemTrack_NewObject(PyObject *op)
    type's pre-header puts after the block's start (gc_alloc() and
    _PyType_AllocNoTrack()): if pymalloc handed it out last, op names it
    until _Py_NewReference(), which then finds the object there without a
-   look at its type.  Nothing between the two allocates or walks (a
-   collection, which may, runs before this).  If something did, it would
-   mark op's granule as data: a bit inside the block, which the walk does
-   not read (noted, that granule would send the walk through the whole
-   pool), and _Py_NewReference() would find the block the slow way.
-   (last_block itself may also be a freed block, in a pool set up since
-   for another size; no assertion can tell op from that.) */
+   look at its type.  Called before _PyObject_GC_Link(), so that the block
+   need not be kept across that call; the collection that call may start
+   takes the block for data first (see _PyMemTrack_CollectionStarting()),
+   and _Py_NewReference() then finds it the slow way.  Nothing else
+   between the two allocates or walks.  (last_block itself may also be a
+   freed block, in a pool set up since for another size; no assertion can
+   tell op from that.) */
 static inline void
 _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
 {
@@ -595,6 +595,11 @@ _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
         _Py_memtrack.last_block = (uintptr_t)op;
     }
 }
+
+/* _PyObject_GC_Link() starts a collection, which may allocate and walk:
+   the block handed out last, or the one whose object is named in its
+   place, holds data until the object is made in it. */
+extern void _PyMemTrack_CollectionStarting(void);
 
 /* _Py_NewReference() for an object taken from a free list, whose block
    needs nothing: it was never freed, and is still an object's.  The
@@ -715,6 +720,11 @@ _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
                             PyObject_Free);
 }
 
+/* The same, out of line, for a free that is rare where it is written: the
+   inline one keeps the count and the tally across the call, and so costs
+   the caller's usual path the registers that hold them. */
+extern void _PyObject_OwnedFreeOutOfLine(PyTypeObject *owner, void *ptr);
+
 /* For the heap scanner: call visit on each object made in a block of the
    mem or object domain (not one made in static memory, or in memory of
    its own), with the GIL held, until it returns nonzero; its last return.
@@ -770,6 +780,7 @@ extern int _PyMemTrack_AddSysFunctions(PyObject *sysmod);
 #  define _PyObject_OwnedMalloc(owner, size) PyObject_Malloc(size)
 #  define _PyObject_OwnedRealloc(owner, ptr, size) PyObject_Realloc(ptr, size)
 #  define _PyObject_OwnedFree(owner, ptr) PyObject_Free(ptr)
+#  define _PyObject_OwnedFreeOutOfLine(owner, ptr) PyObject_Free(ptr)
 
 #endif  /* Py_TRACK_MEMORY */
 

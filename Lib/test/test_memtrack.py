@@ -643,6 +643,15 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(counts[Sightglass_Fresh.__name__], 2 * N)
         del objs, keep
 
+    def collect_at_each_allocation(self, callback):
+        """Until gc.disable(), a collection, with callback, at every
+        second allocation of an object with a GC header."""
+        self.addCleanup(gc.set_threshold, *gc.get_threshold())
+        self.addCleanup(gc.callbacks.remove, callback)
+        gc.callbacks.append(callback)
+        gc.set_threshold(1)
+        gc.enable()
+
     def test_objects_made_after_other_allocations(self):
         # A collection can run between the allocation of an object's block
         # and the object's making, and allocate; so can any C code.  The
@@ -652,16 +661,33 @@ class MemtrackTests(unittest.TestCase):
 
         def callback(phase, info):      # info: a dict made for each call
             pass
-        self.addCleanup(gc.set_threshold, *gc.get_threshold())
-        self.addCleanup(gc.callbacks.remove, callback)
-        gc.callbacks.append(callback)
-        gc.set_threshold(1)
-        gc.enable()
+        self.collect_at_each_allocation(callback)
         objs = [Sightglass_Late() for _ in range(1000)]
         gc.disable()
         self.assertEqual(
             sys.type_allocation_counts()[Sightglass_Late.__name__], 2000)
         del objs
+
+    def test_objects_made_after_a_walk(self):
+        # An object with a GC header names itself in its block before the
+        # collection its allocation may start; a reading in that
+        # collection must take the block for data, until the object is
+        # made in it.
+        class Sightglass_Walked:
+            pass
+
+        def callback(phase, info):
+            if phase == "start":
+                sys.type_allocation_counts()
+        self.collect_at_each_allocation(callback)
+        objs = [Sightglass_Walked() for _ in range(300)]
+        lists = [[i] for i in range(300)]
+        gc.disable()
+        counts = sys.type_allocation_counts()
+        self.assertEqual(counts[Sightglass_Walked.__name__], 600)
+        self.assertGreaterEqual(counts["list"], 301)
+        self.check_tags_add_up()
+        del objs, lists
 
     def test_block_freed_before_its_use_is_known(self):
         # C code may free the block it allocated last before anything else
