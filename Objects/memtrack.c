@@ -183,14 +183,15 @@ _PyMemTrack_PooledHandedOutSlow(void *block, struct pool_header *pool,
 void
 _PyMemTrack_CollectionStarting(void)
 {
-    /* An object named in its block's place lies inside the block: the
-       mark goes to the block's start, which the walk reads. */
-    size_t size;
     uintptr_t last = _Py_memtrack.last_block;
     if (last != 0) {
-        _Py_memtrack.last_block = _PyObject_PooledBlock(last, &size);
-        assert(_Py_memtrack.last_block != 0);
-        _PyMemTrack_ForgetLastBlock();
+        /* An object named in its block's place lies inside the block: the
+           mark goes to the block's start, which the walk reads. */
+        size_t size;
+        uintptr_t block = _PyObject_PooledBlock(last, &size);
+        assert(block != 0);
+        _PyMemTrack_MarkData(block);
+        _Py_memtrack.last_block = 0;
     }
 }
 
@@ -822,9 +823,10 @@ _PyMemTrack_ClaimedSize(void *ptr)
 void
 _PyMemTrack_NewObjectSlow(PyObject *op)
 {
-    /* Made after other blocks were handed out (a collection can run
-       between an allocation and its object), in a block that was already
-       an object's (resized in place), under debug hooks, or elsewhere. */
+    /* Made after other blocks were handed out, or after a collection
+       that its allocation started (which marks the block, whether it
+       allocates or not), in a block that was already an object's
+       (resized in place), under debug hooks, or elsewhere. */
     uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
     uintptr_t start = _PyObject_PooledBlock(pooled, &size);
@@ -910,11 +912,6 @@ _PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
     return realloc_claimed(type_tally(owner), ptr, size, PyObject_Realloc);
 }
 
-void
-_PyObject_OwnedFreeOutOfLine(PyTypeObject *owner, void *ptr)
-{
-    _PyObject_OwnedFree(owner, ptr);
-}
 
 
 /* --- named tallies, for the public API ----------------------------------- */
@@ -1026,8 +1023,10 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    _PyMemTrack_FreeClaimed(ptr != NULL ? named_tally(what) : NULL, ptr,
-                            PyObject_Free);
+    _Py_memtally *t = ptr != NULL ? named_tally(what) : NULL;
+    Py_ssize_t before = _Py_memtrack.bytes;
+    PyObject_Free(ptr);
+    _PyMemTrack_GiveBack(t, before);
 }
 
 

@@ -33,7 +33,8 @@ extern "C" {
    (a buffer, claimed or not).  pymalloc hands out every block unmarked,
    and remembers it as the last block until its use is known: an object
    made in it leaves it unmarked, and a claim, the next allocation, a
-   collection, the walk or debug hooks (at once) mark it as data.  So
+   collection started by an allocation, the walk or debug hooks (at once)
+   mark it as data.  So
    making an object costs a comparison, and the map is written for data
    only, and where a block is handed out: not where it is freed, since the
    last block may be freed before its use is known, and marked afterwards.
@@ -585,9 +586,10 @@ _PyMemTrack_NewObject(PyObject *op)
    need not be kept across that call; the collection that call may start
    takes the block for data first (see _PyMemTrack_CollectionStarting()),
    and _Py_NewReference() then finds it the slow way.  Nothing else
-   between the two allocates or walks.  (last_block itself may also be a
-   freed block, in a pool set up since for another size; no assertion can
-   tell op from that.) */
+   between the two allocates or walks.  (last_block is always a block
+   start in its pool's layout of now, or an object named in the block
+   just handed out: a pool is set up for another size only to hand out a
+   block, and an arena given back clears it.) */
 static inline void
 _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
 {
@@ -666,14 +668,14 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     return ptr;
 }
 
-/* Free a block that t (if not NULL) claims.  Whichever allocator frees
-   it takes what it had reserved off the count, and t gives back as much;
-   so the free of every other block has nothing to look up. */
+/* A block that t (if not NULL) claims was freed, with the count at
+   `before` until then.  Whichever allocator freed it took what it had
+   reserved off the count, and t gives back as much; so the free of every
+   other block has nothing to look up.  (The owners' frees below find t
+   after the free, so that only the count is kept across the call.) */
 static inline void
-_PyMemTrack_FreeClaimed(_Py_memtally *t, void *ptr, void (*release)(void *))
+_PyMemTrack_GiveBack(_Py_memtally *t, Py_ssize_t before)
 {
-    Py_ssize_t before = _Py_memtrack.bytes;
-    release(ptr);
     Py_ssize_t freed = before - _Py_memtrack.bytes;
     if (t != NULL && freed > 0) {
         _PyMemTrack_Unclaim(t, freed);
@@ -699,8 +701,9 @@ PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyMemTrack_FreeClaimed(_PyMemTrack_TallyOf(owner), ptr,
-                            PyMem_Free);
+    Py_ssize_t before = _Py_memtrack.bytes;
+    PyMem_Free(ptr);
+    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), before);
 }
 
 /* The same, from the object domain. */
@@ -716,14 +719,10 @@ extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyMemTrack_FreeClaimed(_PyMemTrack_TallyOf(owner), ptr,
-                            PyObject_Free);
+    Py_ssize_t before = _Py_memtrack.bytes;
+    PyObject_Free(ptr);
+    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), before);
 }
-
-/* The same, out of line, for a free that is rare where it is written: the
-   inline one keeps the count and the tally across the call, and so costs
-   the caller's usual path the registers that hold them. */
-extern void _PyObject_OwnedFreeOutOfLine(PyTypeObject *owner, void *ptr);
 
 /* For the heap scanner: call visit on each object made in a block of the
    mem or object domain (not one made in static memory, or in memory of
@@ -780,7 +779,6 @@ extern int _PyMemTrack_AddSysFunctions(PyObject *sysmod);
 #  define _PyObject_OwnedMalloc(owner, size) PyObject_Malloc(size)
 #  define _PyObject_OwnedRealloc(owner, ptr, size) PyObject_Realloc(ptr, size)
 #  define _PyObject_OwnedFree(owner, ptr) PyObject_Free(ptr)
-#  define _PyObject_OwnedFreeOutOfLine(owner, ptr) PyObject_Free(ptr)
 
 #endif  /* Py_TRACK_MEMORY */
 

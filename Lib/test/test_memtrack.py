@@ -643,9 +643,10 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(counts[Sightglass_Fresh.__name__], 2 * N)
         del objs, keep
 
-    def collect_at_each_allocation(self, callback):
-        """Until gc.disable(), a collection, with callback, at every
-        second allocation of an object with a GC header."""
+    def collect_often(self, callback):
+        """Until gc.disable(), a collection, with callback, at every second
+        object with a GC header allocated (not taken from a free list), or
+        later where such objects are freed between."""
         self.addCleanup(gc.set_threshold, *gc.get_threshold())
         self.addCleanup(gc.callbacks.remove, callback)
         gc.callbacks.append(callback)
@@ -661,7 +662,7 @@ class MemtrackTests(unittest.TestCase):
 
         def callback(phase, info):      # info: a dict made for each call
             pass
-        self.collect_at_each_allocation(callback)
+        self.collect_often(callback)
         objs = [Sightglass_Late() for _ in range(1000)]
         gc.disable()
         self.assertEqual(
@@ -669,25 +670,29 @@ class MemtrackTests(unittest.TestCase):
         del objs
 
     def test_objects_made_after_a_walk(self):
-        # An object with a GC header names itself in its block before the
-        # collection its allocation may start; a reading in that
+        # An object with a GC header is named in its block's place before
+        # the collection its allocation may start; a reading in that
         # collection must take the block for data, until the object is
-        # made in it.
+        # made in it.  Instances are made by _PyType_AllocNoTrack(), list
+        # iterators by gc_alloc().
         class Sightglass_Walked:
             pass
 
         def callback(phase, info):
             if phase == "start":
                 sys.type_allocation_counts()
-        self.collect_at_each_allocation(callback)
+        lists = [[] for _ in range(300)]
+        before = sys.type_allocation_counts().get("list_iterator", 0)
+        self.collect_often(callback)
         objs = [Sightglass_Walked() for _ in range(300)]
-        lists = [[i] for i in range(300)]
+        its = [iter(x) for x in lists]
         gc.disable()
         counts = sys.type_allocation_counts()
+        # Each instance, and its values.
         self.assertEqual(counts[Sightglass_Walked.__name__], 600)
-        self.assertGreaterEqual(counts["list"], 301)
+        self.assertEqual(counts["list_iterator"] - before, 300)
         self.check_tags_add_up()
-        del objs, lists
+        del objs, its, lists
 
     def test_block_freed_before_its_use_is_known(self):
         # C code may free the block it allocated last before anything else
