@@ -913,7 +913,6 @@ _PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr, size_t size)
 }
 
 
-
 /* --- named tallies, for the public API ----------------------------------- */
 
 static Py_uhash_t

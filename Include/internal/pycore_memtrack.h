@@ -28,20 +28,19 @@ extern "C" {
    claim them for their type's tally.  The anonymous tag is what no one
    has claimed and no object is in.
 
-   Most blocks hold objects, so it is the other blocks that are marked:
-   a bit in a map in the header of each pool says that a block holds data
-   (a buffer, claimed or not).  pymalloc hands out every block unmarked,
-   and remembers it as the last block until its use is known: an object
-   made in it leaves it unmarked, and a claim, the next allocation, a
-   collection started by an allocation, the walk or debug hooks (at once)
-   mark it as data.  So
-   making an object costs a comparison, and the map is written for data
-   only, and where a block is handed out: not where it is freed, since the
-   last block may be freed before its use is known, and marked afterwards.
-   A free stamps its block instead.  The walk visits the allocated blocks
-   that are neither marked nor stamped, and finds each one's object after
-   what its type puts before objects (the GC header, the managed dict),
-   which holds no type: see pooled_object_type() in memtrack.c. */
+   Most blocks hold objects, so it is the other blocks that are marked: a bit
+   in a map in the header of each pool says that a block holds data (a
+   buffer, claimed or not).  pymalloc hands out every block unmarked, and
+   remembers it as the last block until its use is known: an object made in
+   it leaves it unmarked, and a claim, the next allocation, a collection
+   started by an allocation, the walk or debug hooks (at once) mark it as
+   data.  So making an object costs a comparison, and the map is written for
+   data only, and where a block is handed out: not where it is freed, since
+   the last block may be freed before its use is known, and marked
+   afterwards.  A free stamps its block instead.  The walk visits the
+   allocated blocks that are neither marked nor stamped, and finds each one's
+   object after what its type puts before objects (the GC header, the managed
+   dict), which holds no type: see pooled_object_type() in memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -586,10 +585,12 @@ _PyMemTrack_NewObject(PyObject *op)
    need not be kept across that call; the collection that call may start
    takes the block for data first (see _PyMemTrack_CollectionStarting()),
    and _Py_NewReference() then finds it the slow way.  Nothing else
-   between the two allocates or walks.  (last_block is always a block
-   start in its pool's layout of now, or an object named in the block
-   just handed out: a pool is set up for another size only to hand out a
-   block, and an arena given back clears it.) */
+   between the two allocates or walks.  (last_block is a block start in
+   its pool's layout of now, or an object named in the block just handed
+   out: a pool is set up for another size only to hand out a block, whose
+   hand-out replaces last_block, and an arena given back clears it.  Only
+   inside that hand-out is it a block of the pool's last life, which
+   _PyMemTrack_PooledHandedOutSlow() marks: a stray bit at worst.) */
 static inline void
 _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
 {
