@@ -188,10 +188,9 @@ _PyMemTrack_CollectionStarting(void)
         /* An object named in its block's place lies inside the block: the
            mark goes to the block's start, which the walk reads. */
         size_t size;
-        uintptr_t block = _PyObject_PooledBlock(last, &size);
-        assert(block != 0);
-        _PyMemTrack_MarkData(block);
-        _Py_memtrack.last_block = 0;
+        _Py_memtrack.last_block = _PyObject_PooledBlock(last, &size);
+        assert(_Py_memtrack.last_block != 0);
+        _PyMemTrack_ForgetLastBlock();
     }
 }
 
@@ -1023,9 +1022,7 @@ void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
     _Py_memtally *t = ptr != NULL ? named_tally(what) : NULL;
-    Py_ssize_t before = _Py_memtrack.bytes;
-    PyObject_Free(ptr);
-    _PyMemTrack_GiveBack(t, before);
+    _PyMemTrack_GiveBack(t, _PyMemTrack_FreedBy(PyObject_Free, ptr));
 }
 
 

@@ -669,15 +669,23 @@ _PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
     return ptr;
 }
 
-/* A block that t (if not NULL) claims was freed, with the count at
-   `before` until then.  Whichever allocator freed it took what it had
-   reserved off the count, and t gives back as much; so the free of every
-   other block has nothing to look up.  (The owners' frees below find t
-   after the free, so that only the count is kept across the call.) */
-static inline void
-_PyMemTrack_GiveBack(_Py_memtally *t, Py_ssize_t before)
+/* Free a claimed block with a domain's free, and return what the
+   allocator took off the count: what it had reserved for the block. */
+static inline Py_ssize_t
+_PyMemTrack_FreedBy(void (*release)(void *), void *ptr)
 {
-    Py_ssize_t freed = before - _Py_memtrack.bytes;
+    Py_ssize_t before = _Py_memtrack.bytes;
+    release(ptr);
+    return before - _Py_memtrack.bytes;
+}
+
+/* t (if not NULL) gives back as much as the free of a block it claimed
+   took off the count; so the free of every other block has nothing to
+   look up.  The owners' frees below find t after the free, so that only
+   the count is kept across the call. */
+static inline void
+_PyMemTrack_GiveBack(_Py_memtally *t, Py_ssize_t freed)
+{
     if (t != NULL && freed > 0) {
         _PyMemTrack_Unclaim(t, freed);
     }
@@ -702,9 +710,8 @@ PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    Py_ssize_t before = _Py_memtrack.bytes;
-    PyMem_Free(ptr);
-    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), before);
+    Py_ssize_t freed = _PyMemTrack_FreedBy(PyMem_Free, ptr);
+    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), freed);
 }
 
 /* The same, from the object domain. */
@@ -720,9 +727,8 @@ extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    Py_ssize_t before = _Py_memtrack.bytes;
-    PyObject_Free(ptr);
-    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), before);
+    Py_ssize_t freed = _PyMemTrack_FreedBy(PyObject_Free, ptr);
+    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), freed);
 }
 
 /* For the heap scanner: call visit on each object made in a block of the
