@@ -888,14 +888,36 @@ _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
 }
 
 /* Reallocate a block that t (if not NULL) claims: the claim follows the
-   block, or stays with the old one if the allocator fails. */
+   block, or stays with the old one if the allocator fails.  What the
+   allocator reserved changed by as much as the count did, as in
+   _PyMemTrack_FreedBy(): neither block is looked up to size it. */
 static void *
 realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
                 void *(*resize)(void *, size_t))
 {
-    unclaim(t, ptr);
+    Py_ssize_t before = _Py_memtrack.bytes;
     void *new = resize(ptr, size);
-    claim(t, new != NULL ? new : ptr);
+    if (t == NULL || new == NULL) {
+        return new;
+    }
+    Py_ssize_t change = _Py_memtrack.bytes - before;
+    if (ptr == NULL) {
+        if (change > 0) {
+            _PyMemTrack_Claim(t, change);
+        }
+    }
+    else {
+        assert(t->bytes + change >= 0 && t->blocks > 0);
+        if (t->bytes + change >= 0) {
+            t->bytes += change;
+        }
+    }
+    if ((uintptr_t)new == _Py_memtrack.last_block) {
+        /* Moved to the block handed out last: it holds data.  Marked now,
+           as _PyMemTrack_ClaimNew() does, rather than by the next
+           hand-out's slow path. */
+        _PyMemTrack_ForgetLastBlock();
+    }
     return new;
 }
 

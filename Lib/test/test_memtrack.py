@@ -1420,6 +1420,15 @@ class MemtrackTests(unittest.TestCase):
         p = api.PyObject_TrackedRealloc(tag, p, 5000)
         self.assertGreaterEqual(sys.type_memory_usage()["sightglass.test"],
                                 5000)
+        self.assertEqual(sys.type_allocation_counts()["sightglass.test"], 1)
+        api.PyObject_TrackedFree(tag, p)
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
+        self.assertEqual(sys.type_allocation_counts()["sightglass.test"], 0)
+        # From NULL, a realloc allocates.
+        p = api.PyObject_TrackedRealloc(tag, None, 100)
+        self.assertEqual(sys.type_memory_usage()["sightglass.test"],
+                         block_size(100))
+        self.assertEqual(sys.type_allocation_counts()["sightglass.test"], 1)
         api.PyObject_TrackedFree(tag, p)
         self.assertEqual(sys.type_memory_usage()["sightglass.test"], 0)
         api.Py_AdjustTrackedMemory(tag, 4096)
