@@ -137,6 +137,14 @@ def until_taken(sampler, ticks, function, *args):
         function(*args)
 
 
+def until_sampled(sampler):
+    """Works until the running sampler has taken two ticks: the first one's
+    sample was of the caller, however long the sampler was away (the
+    second comes after it was recorded).  For tests that need their
+    code sampled, not sampled on schedule."""
+    until_taken(sampler, 2, work, 1)
+
+
 def recurse(depth, then):
     if depth == 0:
         return then()
@@ -927,8 +935,7 @@ class StackTests(unittest.TestCase):
         # the sampler longer than a tick under the sanitizers.
         sampler = Sampler(2000)
         with support.infinite_recursion(depth + 1000):
-            sampler.run(recurse, depth,
-                        lambda: until_taken(sampler, 2, work, 1))
+            sampler.run(recurse, depth, lambda: until_sampled(sampler))
         samples = self.samples_with("work", sampler)
         self.assertTrue(samples)
         for sample in samples:
@@ -1149,12 +1156,9 @@ class StackTests(unittest.TestCase):
         # taken for it.
         def make_call_and_free(sampler):
             for k in range(40):
-                # Each runs until two ticks are taken: the first one's
-                # sample was of it, however long the sampler was away.
-                namespace = {"until_taken": until_taken, "work": work,
+                namespace = {"until_sampled": until_sampled,
                              "sampler": sampler}
-                exec(compile(f"def fn_{k}():\n"
-                             f"    until_taken(sampler, 2, work, 1)\n",
+                exec(compile(f"def fn_{k}():\n    until_sampled(sampler)\n",
                              f"<generated {k}>", "exec"), namespace)
                 namespace[f"fn_{k}"]()
                 del namespace
@@ -1614,9 +1618,8 @@ class ExportTests(Recorded):
 
     def test_flamegraph_escapes_names(self):
         sampler = Sampler(4000)
-        namespace = {"until_taken": until_taken, "work": work,
-                     "sampler": sampler}
-        exec("def f():\n    until_taken(sampler, 2, work, 1)\n", namespace)
+        namespace = {"until_sampled": until_sampled, "sampler": sampler}
+        exec("def f():\n    until_sampled(sampler)\n", namespace)
         namespace["f"].__code__ = namespace["f"].__code__.replace(
             co_name="</script><!--", co_qualname="</script><!--")
         sampler.run(namespace["f"])
