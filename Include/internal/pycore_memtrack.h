@@ -89,15 +89,16 @@ typedef struct _Py_memtally {
    read there must not be followed. */
 struct _Py_memtrack_type_table {
     _Py_memtally **slots;
-    size_t mask;                    /* capacity - 1 */
-    int shift;                      /* 64 - log2(capacity) */
-    size_t count;
     /* The class last found here through _PyMemTrack_TallyOf(), and its
        tally: a program makes and drops objects of one class in a row, and
        an instance's values are claimed for its class.  (Static types,
-       claimed for between those, would take its place.) */
+       claimed for between those, would take its place.)  Written
+       together, so not neighbours (see the note on layout above). */
     PyTypeObject *last_type;
+    size_t mask;                    /* capacity - 1 */
     _Py_memtally *last_tally;
+    int shift;                      /* 64 - log2(capacity) */
+    size_t count;
 };
 PyAPI_DATA(struct _Py_memtrack_type_table) _Py_memtrack_types;
 
