@@ -11,8 +11,9 @@ import threading
 import unittest
 from test.support import import_helper, threading_helper
 
-# Above the small ints, below 2**30: one digit.
-BASE = 1_000_000
+# Above the small ints, and a quarter of the way to two digits (2**30,
+# or 2**15 on builds with 15-bit digits): the ints made here keep to one.
+BASE = 1 << (sys.int_info.bits_per_digit - 2)
 COUNT = 50
 KEPT = 60       # more than COUNT, fewer than the list keeps (100)
 
@@ -22,7 +23,8 @@ def blocks():
 
 
 @unittest.skipUnless(blocks() > 0,
-                     "the allocator counts no blocks (PYTHONMALLOC=malloc)")
+                     "pymalloc is not in use (PYTHONMALLOC=malloc, sanitizers):"
+                     " the allocator counts no blocks")
 class FreeListTests(unittest.TestCase):
 
     def setUp(self):
@@ -90,6 +92,11 @@ class FreeListTests(unittest.TestCase):
                 for i in range(COUNT):
                     ints[i] = None
                 self.assertLessEqual(blocks(), before - COUNT + 1)
+
+
+
+class ConcurrencyTests(unittest.TestCase):
+    """Under any allocator."""
 
     @threading_helper.requires_working_threading()
     def test_threads(self):
