@@ -94,7 +94,6 @@ class FreeListTests(unittest.TestCase):
                 self.assertLessEqual(blocks(), before - COUNT + 1)
 
 
-
 class ConcurrencyTests(unittest.TestCase):
     """Under any allocator."""
 

@@ -121,11 +121,14 @@ def fill_int_free_list():
     del ints
 
 
+def one_digit(value):
+    """Whether an int of this value is kept for reuse when it dies."""
+    return abs(value) < 1 << sys.int_info.bits_per_digit
+
+
 def int_block(value):
     """What an int made after fill_int_free_list() adds to the total."""
-    if abs(value) < 1 << sys.int_info.bits_per_digit:
-        return 0
-    return object_block(value)
+    return 0 if one_digit(value) else object_block(value)
 
 
 def read_together(total, snapshot):
@@ -187,7 +190,7 @@ class MemtrackTests(unittest.TestCase):
         blocks, counts = read_together(sys.total_allocation_count,
                                        sys.type_allocation_counts)
         self.assertEqual(sum(counts.values()),
-                         blocks + (int_block(blocks) > 0))
+                         blocks + (not one_digit(blocks)))
         return usage
 
     def test_instances_count_under_their_class(self):
@@ -645,7 +648,7 @@ class MemtrackTests(unittest.TestCase):
         ints = [large + i for i in range(N)]    # in the buffers' blocks
         # ... and `before`, an int too.
         self.assertEqual(sys.type_allocation_counts()["int"],
-                         before + N + (int_block(before) > 0))
+                         before + N + (not one_digit(before)))
         del ints
 
     def test_pool_reused_for_another_size(self):
