@@ -564,7 +564,8 @@ large_size(void *block)
 
 char _PyMemTrack_raw_ctx;
 
-/* Set while pymalloc passes a large request to the raw domain. */
+/* Set while pymalloc passes a large request to the raw domain, until the
+   base allocator takes it (base_call_serves()). */
 static _Thread_local int pymalloc_fallback;
 
 void *
@@ -621,6 +622,35 @@ _PyMemTrack_DebugHooks(PyMemAllocatorDomain domain, int hooks)
     }
 }
 
+/* The last wrapper set on each domain, and whether what it wraps has
+   debug hooks.  A wrapper may be set again over an allocator set since,
+   without being set up anew: _PyMem_SetDefaultAllocator() puts the
+   default allocator in place for a while, then the one it replaced back,
+   tracemalloc's while it traces.  What it wraps then is what it wrapped
+   when it was first set. */
+static struct {
+    void *(*malloc)(void *ctx, size_t size);
+    int hooks;
+} wrappers[3];
+
+void
+_PyMemTrack_WrapperSet(PyMemAllocatorDomain domain,
+                       void *(*malloc)(void *ctx, size_t size))
+{
+    if (domain != PYMEM_DOMAIN_OBJ && domain != PYMEM_DOMAIN_RAW) {
+        return;
+    }
+    int hooks = (domain == PYMEM_DOMAIN_OBJ ? _Py_memtrack.hooks_pad != 0
+                 : raw_debug_hooks);
+    if (wrappers[domain].malloc == malloc) {
+        _PyMemTrack_DebugHooks(domain, wrappers[domain].hooks);
+    }
+    else {
+        wrappers[domain].malloc = malloc;
+        wrappers[domain].hooks = hooks;
+    }
+}
+
 #ifdef HAVE_MALLOC_USABLE_SIZE
 /* malloc() tells what it reserved for a block. */
 #  define SIZE_PREFIX 0
@@ -644,10 +674,24 @@ base_size(void *base)
 #endif
 }
 
+/* Whose block a call of the base allocator serves: the raw domain's own
+   (RAW_OWN), pymalloc's large request passed through the raw domain
+   (FALLBACK), or one of the mem or object domain under
+   PYTHONMALLOC=malloc.  Only the first call under the flag serves
+   pymalloc's request: a wrapper of the raw domain, such as tracemalloc's,
+   calls down first, and what it allocates or frees for itself after is
+   the raw domain's. */
+enum { RAW_OWN, FALLBACK, DOMAIN };
+
 static int
-is_raw_domain(void *ctx)
+base_call_serves(void *ctx)
 {
-    return ctx == _PyMemTrack_RAW_CTX && !pymalloc_fallback;
+    if (ctx != _PyMemTrack_RAW_CTX) {
+        return DOMAIN;
+    }
+    int fallback = pymalloc_fallback;
+    pymalloc_fallback = 0;
+    return fallback ? FALLBACK : RAW_OWN;
 }
 
 /* A block of the object (or mem) domain as the domain handed it out,
@@ -655,9 +699,9 @@ is_raw_domain(void *ctx)
    large requests to the raw domain, whose own debug hooks add a header
    first. */
 static void *
-domain_block(void *ptr)
+domain_block(int whose, void *ptr)
 {
-    if (pymalloc_fallback && raw_debug_hooks) {
+    if (whose == FALLBACK && raw_debug_hooks) {
         ptr = (char *)ptr + HOOKS_PAD;
     }
     return (char *)ptr + _Py_memtrack.hooks_pad;
@@ -666,37 +710,37 @@ domain_block(void *ptr)
 /* Count a block malloc() gave, of size bytes with the prefix; the pointer
    to hand out. */
 static void *
-base_handed_out(void *ctx, void *base, size_t size)
+base_handed_out(int whose, void *base, size_t size)
 {
 #ifndef HAVE_MALLOC_USABLE_SIZE
     memcpy(base, &size, sizeof(size));
 #endif
     void *ptr = (char *)base + SIZE_PREFIX;
-    if (is_raw_domain(ctx)) {
+    if (whose == RAW_OWN) {
         raw_handed_out(base_size(base));
     }
     else {
-        large_handed_out(domain_block(ptr), base_size(base));
+        large_handed_out(domain_block(whose, ptr), base_size(base));
     }
     return ptr;
 }
 
 /* Count out a block malloc() gave, at base; the bytes it took. */
 static size_t
-base_freed(void *ctx, void *base)
+base_freed(int whose, void *base)
 {
     size_t size = base_size(base);
-    if (is_raw_domain(ctx)) {
+    if (whose == RAW_OWN) {
         raw_freed(size);
     }
     else {
-        large_freed(domain_block((char *)base + SIZE_PREFIX), size);
+        large_freed(domain_block(whose, (char *)base + SIZE_PREFIX), size);
     }
     return size;
 }
 
-void *
-_PyMemTrack_BaseMalloc(void *ctx, size_t size)
+static void *
+base_malloc(int whose, size_t size)
 {
 #ifndef HAVE_MALLOC_USABLE_SIZE
     if (size > SIZE_MAX - SIZE_PREFIX) {
@@ -707,12 +751,19 @@ _PyMemTrack_BaseMalloc(void *ctx, size_t size)
     if (base == NULL) {
         return NULL;
     }
-    return base_handed_out(ctx, base, SIZE_PREFIX + size);
+    return base_handed_out(whose, base, SIZE_PREFIX + size);
+}
+
+void *
+_PyMemTrack_BaseMalloc(void *ctx, size_t size)
+{
+    return base_malloc(base_call_serves(ctx), size);
 }
 
 void *
 _PyMemTrack_BaseCalloc(void *ctx, size_t nelem, size_t elsize)
 {
+    int whose = base_call_serves(ctx);
 #ifndef HAVE_MALLOC_USABLE_SIZE
     if (elsize != 0 && nelem > (SIZE_MAX - SIZE_PREFIX) / elsize) {
         return NULL;
@@ -723,38 +774,40 @@ _PyMemTrack_BaseCalloc(void *ctx, size_t nelem, size_t elsize)
     size_t size = 0;
     void *base = calloc(nelem, elsize);
 #endif
-    return base != NULL ? base_handed_out(ctx, base, size) : NULL;
+    return base != NULL ? base_handed_out(whose, base, size) : NULL;
 }
 
 void *
 _PyMemTrack_BaseRealloc(void *ctx, void *ptr, size_t size)
 {
+    int whose = base_call_serves(ctx);
 #ifndef HAVE_MALLOC_USABLE_SIZE
     if (size > SIZE_MAX - SIZE_PREFIX) {
         return NULL;
     }
 #endif
     if (ptr == NULL) {
-        return _PyMemTrack_BaseMalloc(ctx, size);
+        return base_malloc(whose, size);
     }
     /* realloc() may free the block: count it out first, and back in if it
        fails. */
     void *base = (char *)ptr - SIZE_PREFIX;
-    size_t old_size = base_freed(ctx, base);
+    size_t old_size = base_freed(whose, base);
     void *new = realloc(base, SIZE_PREFIX + size);
     if (new == NULL) {
-        base_handed_out(ctx, base, old_size);
+        base_handed_out(whose, base, old_size);
         return NULL;
     }
-    return base_handed_out(ctx, new, SIZE_PREFIX + size);
+    return base_handed_out(whose, new, SIZE_PREFIX + size);
 }
 
 void
 _PyMemTrack_BaseFree(void *ctx, void *ptr)
 {
+    int whose = base_call_serves(ctx);
     if (ptr != NULL) {
         void *base = (char *)ptr - SIZE_PREFIX;
-        (void)base_freed(ctx, base);
+        (void)base_freed(whose, base);
         free(base);
     }
 }

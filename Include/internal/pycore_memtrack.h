@@ -529,8 +529,12 @@ extern void *_PyMemTrack_FallbackCalloc(size_t nelem, size_t elsize);
 extern void *_PyMemTrack_FallbackRealloc(void *ptr, size_t size);
 extern void _PyMemTrack_FallbackFree(void *ptr);
 
-/* A domain's allocator was set, with debug hooks (1) or without (0). */
+/* A domain's allocator was set, with debug hooks (1) or without (0); or
+   a wrapper, such as tracemalloc's, which keeps the layout of what it
+   wraps. */
 extern void _PyMemTrack_DebugHooks(PyMemAllocatorDomain domain, int hooks);
+extern void _PyMemTrack_WrapperSet(PyMemAllocatorDomain domain,
+                                   void *(*malloc)(void *ctx, size_t size));
 
 /* Threads' frame data stacks, from the arena allocator (pystate.c). */
 extern void _PyMemTrack_FrameStack(Py_ssize_t delta);

@@ -17,7 +17,7 @@ import unittest
 import warnings
 import weakref
 from test import support
-from test.support import import_helper, script_helper
+from test.support import import_helper, os_helper, script_helper
 
 if not hasattr(sys, "total_memory_used"):
     raise unittest.SkipTest("not a --with-memory-tracking build")
@@ -1571,6 +1571,37 @@ class AllocatorTests(unittest.TestCase):
 
     def test_beside_tracemalloc(self):
         self.run_with("-X", "tracemalloc=5")
+
+    BUFFERS = """if 1:
+        import gc, io, sys
+        def usage():
+            gc.collect()
+            return sys.type_memory_usage().get("_BufferedIOBase", 0)
+        before = usage()
+        for _ in range(10):
+            io.BufferedWriter(io.BytesIO(), 8192).close()
+        print(before, usage())
+    """
+
+    def test_large_owned_blocks_beside_tracemalloc(self):
+        # pymalloc passes its large requests to the raw domain, which
+        # tracemalloc wraps: what tracemalloc allocates and frees for its
+        # traces meanwhile is the raw domain's.  And the layout of the
+        # blocks under tracemalloc stays that of what it wraps, though
+        # Python puts the default allocator in place for a while when it
+        # runs a file (and the wrapper back after).
+        with os_helper.temp_dir() as tmp:
+            script = script_helper.make_script(tmp, "buffers", self.BUFFERS)
+            for allocator in ("pymalloc", "debug", "malloc"):
+                with self.subTest(allocator=allocator):
+                    alone = script_helper.assert_python_ok(
+                        script, PYTHONMALLOC=allocator)
+                    traced = script_helper.assert_python_ok(
+                        "-X", "tracemalloc", script, PYTHONMALLOC=allocator)
+                    before, after = alone.out.split()
+                    self.assertEqual(before, after)
+                    self.assertGreater(int(before), 0)
+                    self.assertEqual(traced.out, alone.out)
 
 
 if __name__ == "__main__":
