@@ -967,8 +967,8 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
     }
     if ((uintptr_t)new == _Py_memtrack.last_block) {
         /* Moved to the block handed out last: it holds data.  Marked now,
-           as _PyMemTrack_ClaimNew() does, rather than by the next
-           hand-out's slow path. */
+           as a claimed block is when it is handed out, rather than by the
+           next hand-out's slow path. */
         _PyMemTrack_ForgetLastBlock();
     }
     return new;

@@ -651,28 +651,32 @@ PyAPI_FUNC(void) _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
                                   void *ptr);
 
-/* A block just allocated for an object of `owner`, if the allocator gave
-   one.  The usual case, a block pymalloc has just handed out to a type
-   that already has a tally, is done here. */
-static inline void *
-_PyMemTrack_ClaimNew(PyTypeObject *owner, void *ptr)
+/* pymalloc hands out a block for data that t claims (obmalloc.c's
+   _PyMem_ClaimedMalloc() and the others).  It is marked as data at once:
+   the block handed out last, which may yet become an object's, stays
+   so. */
+static inline void
+_PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
+                          _Py_memtally *t)
 {
-    _Py_memtally *t = _PyMemTrack_TallyOf(owner);
-    if ((uintptr_t)ptr == _Py_memtrack.last_block && ptr != NULL
-        && t != NULL)
-    {
-        /* Its hand-out noted the block's change, and no walk came
-           between: a walk forgets the block handed out last. */
-        struct pool_header *pool = _PyMemTrack_PoolOf((uintptr_t)ptr);
-        _PyMemTrack_Claim(t, (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool));
-        _PyMemTrack_SetMark(pool, (uintptr_t)ptr);
-        _Py_memtrack.last_block = 0;
+    assert(pool == _PyMemTrack_PoolOf((uintptr_t)block));
+    size_t size = _PyMemTrack_PoolBlockSize(pool);
+    if (!_PyMemTrack_PoolChanged(pool)) {
+        _PyMemTrack_NoteChange((uintptr_t)block, 1);
     }
-    else if (ptr != NULL) {
-        _PyMemTrack_ClaimBlock(owner, ptr);
-    }
-    return ptr;
+    _PyMemTrack_SetMark(pool, (uintptr_t)block);
+    _PyMemTrack_Count(size);
+    _PyMemTrack_Claim(t, (Py_ssize_t)size);
 }
+
+/* A block of the mem or object domain for an object of `owner`, claimed by
+   t, the owner's tally (or by the tally made for it if t is NULL). */
+PyAPI_FUNC(void *) _PyMem_ClaimedMalloc(PyTypeObject *owner, _Py_memtally *t,
+                                        size_t size);
+PyAPI_FUNC(void *) _PyMem_ClaimedCalloc(PyTypeObject *owner, _Py_memtally *t,
+                                        size_t nelem, size_t elsize);
+PyAPI_FUNC(void *) _PyObject_ClaimedMalloc(PyTypeObject *owner,
+                                           _Py_memtally *t, size_t size);
 
 /* Free a claimed block with a domain's free, and return what the
    allocator took off the count: what it had reserved for the block. */
@@ -700,13 +704,14 @@ _PyMemTrack_GiveBack(_Py_memtally *t, Py_ssize_t freed)
 static inline void *
 _PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
 {
-    return _PyMemTrack_ClaimNew(owner, PyMem_Malloc(size));
+    return _PyMem_ClaimedMalloc(owner, _PyMemTrack_TallyOf(owner), size);
 }
 
 static inline void *
 _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
 {
-    return _PyMemTrack_ClaimNew(owner, PyMem_Calloc(nelem, elsize));
+    return _PyMem_ClaimedCalloc(owner, _PyMemTrack_TallyOf(owner),
+                                nelem, elsize);
 }
 
 PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
@@ -723,7 +728,7 @@ _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 static inline void *
 _PyObject_OwnedMalloc(PyTypeObject *owner, size_t size)
 {
-    return _PyMemTrack_ClaimNew(owner, PyObject_Malloc(size));
+    return _PyObject_ClaimedMalloc(owner, _PyMemTrack_TallyOf(owner), size);
 }
 
 extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,

@@ -1572,6 +1572,24 @@ class AllocatorTests(unittest.TestCase):
     def test_beside_tracemalloc(self):
         self.run_with("-X", "tracemalloc=5")
 
+    def test_wrapper_sees_owned_buffers(self):
+        # pymalloc hands out the buffers objects own without the domain's
+        # call only while it serves the domain itself: a wrapper sees
+        # each, and they still count under their owner.
+        tracemalloc = import_helper.import_module("tracemalloc")
+        n, items = 1000, 20
+        before = sys.type_memory_usage()["list"]
+        tracemalloc.start()
+        try:
+            lists = [[None] * items for _ in range(n)]
+            traced = tracemalloc.get_traced_memory()[0]
+            owned = sys.type_memory_usage()["list"] - before
+        finally:
+            tracemalloc.stop()
+        self.assertGreaterEqual(traced, n * items * POINTER)
+        self.assertGreaterEqual(owned, n * items * POINTER)
+        del lists
+
     BUFFERS = """if 1:
         import gc, io, sys
         def usage():
