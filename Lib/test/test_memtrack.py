@@ -1608,9 +1608,12 @@ class AllocatorTests(unittest.TestCase):
         # blocks under tracemalloc stays that of what it wraps, though
         # Python puts the default allocator in place for a while when it
         # runs a file (and the wrapper back after).
+        allocators = ["debug", "malloc"]
+        if support.with_pymalloc():
+            allocators.append("pymalloc")
         with os_helper.temp_dir() as tmp:
             script = script_helper.make_script(tmp, "buffers", self.BUFFERS)
-            for allocator in ("pymalloc", "debug", "malloc"):
+            for allocator in allocators:
                 with self.subTest(allocator=allocator):
                     alone = script_helper.assert_python_ok(
                         script, PYTHONMALLOC=allocator)
