@@ -9,7 +9,9 @@
   3. build/test-debug: ./configure --with-pydebug --with-memory-tracking;
      runs the project's own tests hunting reference and block leaks
      (-R 3:3), then test_embed, whose test_no_memleak checks that a run
-     ends with nothing left allocated.  Assertions are on in this build.
+     ends with nothing left allocated, then the memory tests with
+     PYTHONMALLOC=pymalloc (PYMALLOC_TESTS).  Assertions are on in this
+     build.
   4. build/test-sanitizers: ./configure --with-address-sanitizer
      --with-undefined-behavior-sanitizer --with-memory-tracking, and as if
      the C library had no malloc_usable_size(), so that the tracking's
@@ -95,6 +97,13 @@ SANITIZED_SLICE = """
 CHILD_PROCESS_ONLY = [
     "*.test_monitoring.TestLineCoverage.test_upstream_test_modules",
 ]
+
+# The debug build runs under its debug hooks, which pymalloc's own paths
+# (its fast paths with the tracking's hooks, the owned buffers it hands out
+# directly) never take: the memory tests run on it once more with
+# PYTHONMALLOC=pymalloc, so that its assertions check those paths too.
+PYMALLOC_TESTS = ["test_long_freelist", "test_memtrack", "test_memtrack_fuzz",
+                  "test_tracemalloc"]
 
 # A sanitizer report aborts the process, so that the test that made it
 # fails.  Leaks are the debug build's business: the interpreter does not
@@ -414,6 +423,8 @@ def main():
                   tally, no_viewers + ignoring(CHILD_PROCESS_ONLY))
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
+        regrtest(debug, "debug-pymalloc", PYMALLOC_TESTS, ns.jobs, tally,
+                 workdir, where, {"PYTHONMALLOC": "pymalloc"})
         # Nor test_sightglass_build: it tests the Python tool that makes
         # the tree, and takes ten minutes under the sanitizers.
         regrtest(sanitized, "sanitizers",
