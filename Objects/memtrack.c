@@ -640,14 +640,14 @@ _PyMemTrack_WrapperSet(PyMemAllocatorDomain domain,
     if (domain != PYMEM_DOMAIN_OBJ && domain != PYMEM_DOMAIN_RAW) {
         return;
     }
-    int hooks = (domain == PYMEM_DOMAIN_OBJ ? _Py_memtrack.hooks_pad != 0
-                 : raw_debug_hooks);
     if (wrappers[domain].malloc == malloc) {
         _PyMemTrack_DebugHooks(domain, wrappers[domain].hooks);
     }
     else {
         wrappers[domain].malloc = malloc;
-        wrappers[domain].hooks = hooks;
+        wrappers[domain].hooks = (domain == PYMEM_DOMAIN_OBJ
+                                  ? _Py_memtrack.hooks_pad != 0
+                                  : raw_debug_hooks);
     }
 }
 
@@ -907,23 +907,13 @@ _PyMemTrack_AssigningClass(PyObject *op)
 
 /* --- buffers owned by objects of core types ------------------------------ */
 
-/* t (if not NULL) claims the block ptr (if not NULL and counted), or
-   gives it back. */
+/* t (if not NULL) claims the block ptr (if not NULL and counted). */
 static void
 claim(_Py_memtally *t, void *ptr)
 {
     size_t size = t != NULL && ptr != NULL ? _PyMemTrack_ClaimedSize(ptr) : 0;
     if (size > 0) {
         _PyMemTrack_Claim(t, (Py_ssize_t)size);
-    }
-}
-
-static void
-unclaim(_Py_memtally *t, void *ptr)
-{
-    size_t size = t != NULL ? _PyMem_ReservedSize(ptr) : 0;
-    if (size > 0) {
-        _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
     }
 }
 
@@ -936,14 +926,28 @@ _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr)
 void
 _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
 {
-    unclaim(_PyMemTrack_TallyOf(from), ptr);
-    claim(type_tally(to), ptr);
+    _Py_memtally *t = _PyMemTrack_TallyOf(from);
+    if (t == NULL) {
+        /* Never claimed, nor marked as data. */
+        claim(type_tally(to), ptr);
+        return;
+    }
+    /* Claimed, so marked: only its size moves, looked up once. */
+    size_t size = _PyMem_ReservedSize(ptr);
+    _Py_memtally *to_tally = type_tally(to);
+    if (size > 0 && to_tally != t) {
+        _PyMemTrack_Unclaim(t, (Py_ssize_t)size);
+        if (to_tally != NULL) {
+            _PyMemTrack_Claim(to_tally, (Py_ssize_t)size);
+        }
+    }
 }
 
 /* Reallocate a block that t (if not NULL) claims: the claim follows the
    block, or stays with the old one if the allocator fails.  What the
-   allocator reserved changed by as much as the count did, as in
-   _PyMemTrack_FreedBy(): neither block is looked up to size it. */
+   allocator reserved changed by as much as the count did, as a claimed
+   block's free by its domain finds (obmalloc.c): neither block is looked
+   up to size it. */
 static void *
 realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
                 void *(*resize)(void *, size_t))
@@ -1096,8 +1100,7 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    _Py_memtally *t = ptr != NULL ? named_tally(what) : NULL;
-    _PyMemTrack_GiveBack(t, _PyMemTrack_FreedBy(PyObject_Free, ptr));
+    _PyObject_ClaimedFree(ptr != NULL ? named_tally(what) : NULL, ptr);
 }
 
 

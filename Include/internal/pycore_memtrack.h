@@ -661,6 +661,7 @@ _PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
 {
     assert(pool == _PyMemTrack_PoolOf((uintptr_t)block));
     size_t size = _PyMemTrack_PoolBlockSize(pool);
+    /* _PyMemTrack_BlockChanging(), with the pool pymalloc has. */
     if (!_PyMemTrack_PoolChanged(pool)) {
         _PyMemTrack_NoteChange((uintptr_t)block, 1);
     }
@@ -678,27 +679,10 @@ PyAPI_FUNC(void *) _PyMem_ClaimedCalloc(PyTypeObject *owner, _Py_memtally *t,
 PyAPI_FUNC(void *) _PyObject_ClaimedMalloc(PyTypeObject *owner,
                                            _Py_memtally *t, size_t size);
 
-/* Free a claimed block with a domain's free, and return what the
-   allocator took off the count: what it had reserved for the block. */
-static inline Py_ssize_t
-_PyMemTrack_FreedBy(void (*release)(void *), void *ptr)
-{
-    Py_ssize_t before = _Py_memtrack.bytes;
-    release(ptr);
-    return before - _Py_memtrack.bytes;
-}
-
-/* t (if not NULL) gives back as much as the free of a block it claimed
-   took off the count; so the free of every other block has nothing to
-   look up.  The owners' frees below find t after the free, so that only
-   the count is kept across the call. */
-static inline void
-_PyMemTrack_GiveBack(_Py_memtally *t, Py_ssize_t freed)
-{
-    if (t != NULL && freed > 0) {
-        _PyMemTrack_Unclaim(t, freed);
-    }
-}
+/* Free a block that t (if not NULL) claims, and give back to t what the
+   allocator had reserved for it. */
+PyAPI_FUNC(void) _PyMem_ClaimedFree(_Py_memtally *t, void *ptr);
+PyAPI_FUNC(void) _PyObject_ClaimedFree(_Py_memtally *t, void *ptr);
 
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
 static inline void *
@@ -720,8 +704,7 @@ PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    Py_ssize_t freed = _PyMemTrack_FreedBy(PyMem_Free, ptr);
-    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), freed);
+    _PyMem_ClaimedFree(_PyMemTrack_TallyOf(owner), ptr);
 }
 
 /* The same, from the object domain. */
@@ -737,8 +720,7 @@ extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    Py_ssize_t freed = _PyMemTrack_FreedBy(PyObject_Free, ptr);
-    _PyMemTrack_GiveBack(_PyMemTrack_TallyOf(owner), freed);
+    _PyObject_ClaimedFree(_PyMemTrack_TallyOf(owner), ptr);
 }
 
 /* For the heap scanner: call visit on each object made in a block of the
