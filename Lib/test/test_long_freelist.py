@@ -1,4 +1,5 @@
-"""Sightglass keeps freed ints of one digit for reuse, as it keeps floats.
+"""Sightglass keeps freed ints of one or two digits for reuse, as it keeps
+floats.
 
 The ints of the arithmetic in a loop are made and dropped more than any
 other object: taken from a free list, they spare the allocator (and in a
@@ -13,7 +14,11 @@ from test.support import import_helper, threading_helper
 
 # Above the small ints, and a quarter of the way to two digits (2**30,
 # or 2**15 on builds with 15-bit digits): the ints made here keep to one.
-BASE = 1 << (sys.int_info.bits_per_digit - 2)
+BITS = sys.int_info.bits_per_digit
+BASE = 1 << (BITS - 2)
+# Of two digits, as the squares of ints of one digit may be; negative, so
+# that the ints made here keep to two.
+TWO_DIGITS = -(1 << (BITS + 2))
 COUNT = 50
 KEPT = 60       # more than COUNT, fewer than the list keeps (100)
 
@@ -34,13 +39,16 @@ class FreeListTests(unittest.TestCase):
     # returned, which the second counts unless the list gave it.
 
     def test_freed_ints_are_kept_until_a_collection(self):
-        ints = [BASE + i for i in range(COUNT)]
-        before = blocks()
-        for i in range(COUNT):
-            ints[i] = None
-        self.assertIn(blocks() - before, (0, 1))
-        gc.collect()
-        self.assertLessEqual(blocks(), before - COUNT + 1)
+        for base in (BASE, TWO_DIGITS):
+            with self.subTest(base):
+                gc.collect()
+                ints = [base + i for i in range(COUNT)]
+                before = blocks()
+                for i in range(COUNT):
+                    ints[i] = None
+                self.assertIn(blocks() - before, (0, 1))
+                gc.collect()
+                self.assertLessEqual(blocks(), before - COUNT + 1)
 
     def keep(self):
         """Frees KEPT ints."""
@@ -49,42 +57,25 @@ class FreeListTests(unittest.TestCase):
             ints[i] = None
 
     def test_kept_ints_are_taken_again(self):
-        self.keep()
-        ints = [None] * COUNT
-        before = blocks()
-        for i in range(COUNT):
-            ints[i] = BASE - i
-        self.assertIn(blocks() - before, (0, 1))
-        self.assertEqual(ints, [BASE - i for i in range(COUNT)])
-
-    def test_ints_dying_in_the_eval_loop_are_kept(self):
-        # Its specializations for ints free them without their type's
-        # deallocator.  Were those not kept, each would take a kept block
-        # out of the allocator's count.
-        def work(n, total, items, big):
-            for i in range(n):
-                total += i                  # BINARY_OP_ADD_INT
-                total = total - 0           # BINARY_OP_SUBTRACT_INT
-                total = total * 1           # BINARY_OP_MULTIPLY_INT
-                if total - 0 < BASE:        # COMPARE_OP_INT_JUMP
-                    break
-                items[i % 8] = big[i + 300]   # BINARY_SUBSCR_LIST_INT
-                big[i + 300] = total        # STORE_SUBSCR_LIST_INT
-            return total
-        items, big = [0] * 8, [0] * 1000
-        work(200, BASE, items, big)         # specialized from now on
-        self.keep()
-        before = blocks()
-        total = work(200, BASE, items, big)
-        self.assertIn(blocks() - before, (0, 1))
-        self.assertEqual(total, BASE + sum(range(200)))
+        # Whatever the digits of those kept and of those made: here one,
+        # and two for the squares.  (The sum or difference of ints of two
+        # digits asks for room for three, and is not made in a kept int.)
+        for make in (lambda i: BASE - i, lambda i: (BASE + i) * (BASE + i)):
+            with self.subTest(make(0)):
+                self.keep()
+                ints = [None] * COUNT
+                before = blocks()
+                for i in range(COUNT):
+                    ints[i] = make(i)
+                self.assertIn(blocks() - before, (0, 1))
+                self.assertEqual(ints, [make(i) for i in range(COUNT)])
 
     def test_other_ints_are_freed(self):
         class Int(int):
             pass
         for make in (lambda i: Int(BASE + i),       # a subclass
                      lambda i: 2**100 + i,          # more digits
-                     lambda i: -(2**40) - i):
+                     lambda i: (TWO_DIGITS << BITS) - i):
             with self.subTest(make(0)):
                 gc.collect()
                 ints = [make(i) for i in range(COUNT)]

@@ -121,14 +121,15 @@ def fill_int_free_list():
     del ints
 
 
-def one_digit(value):
-    """Whether an int of this value is kept for reuse when it dies."""
-    return abs(value) < 1 << sys.int_info.bits_per_digit
+def kept_for_reuse(value):
+    """Whether an int of this value is kept for reuse when it dies (and is
+    made in an int kept so): one of one or two digits."""
+    return abs(value) < 1 << (2 * sys.int_info.bits_per_digit)
 
 
 def int_block(value):
     """What an int made after fill_int_free_list() adds to the total."""
-    return 0 if one_digit(value) else object_block(value)
+    return 0 if kept_for_reuse(value) else object_block(value)
 
 
 def read_together(total, snapshot):
@@ -190,7 +191,7 @@ class MemtrackTests(unittest.TestCase):
         blocks, counts = read_together(sys.total_allocation_count,
                                        sys.type_allocation_counts)
         self.assertEqual(sum(counts.values()),
-                         blocks + (not one_digit(blocks)))
+                         blocks + (not kept_for_reuse(blocks)))
         return usage
 
     def test_instances_count_under_their_class(self):
@@ -588,7 +589,7 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(res.out.strip(), b"[0, 0, 0]")
 
     def test_free_list_reuse(self):
-        # Ints of one digit, floats, tuples and lists are kept for reuse
+        # Small ints, floats, tuples and lists are kept for reuse
         # when they die.  A kept object still counts under its type (its
         # block is still allocated, for it), and the next object takes it
         # up again.
@@ -639,16 +640,17 @@ class MemtrackTests(unittest.TestCase):
 
     def test_buffer_block_reused_for_an_object(self):
         # The other way round: a block that held data holds an object now.
-        # Buffers of 31 bytes and ints of 28 share a size class.
-        bufs = [bytearray(30) for _ in range(N)]
+        # Buffers of 41 bytes and ints of three digits (36 bytes, and too
+        # large to be kept for reuse) share a size class.
+        bufs = [bytearray(40) for _ in range(N)]
+        large = 1 << (2 * sys.int_info.bits_per_digit + 10)
         fill_int_free_list()
         before = sys.type_allocation_counts()["int"]
         del bufs
-        large = 1 << 40
         ints = [large + i for i in range(N)]    # in the buffers' blocks
         # ... and `before`, an int too.
         self.assertEqual(sys.type_allocation_counts()["int"],
-                         before + N + (not one_digit(before)))
+                         before + N + (not kept_for_reuse(before)))
         del ints
 
     def test_pool_reused_for_another_size(self):

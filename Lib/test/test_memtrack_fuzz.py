@@ -25,7 +25,7 @@ import threading
 import time
 import unittest
 from test.support import import_helper
-from test.test_memtrack import fill_int_free_list, one_digit
+from test.test_memtrack import fill_int_free_list, kept_for_reuse
 from test.test_monitoring_fuzz import Fuzzer
 
 if not hasattr(sys, "total_memory_used"):
@@ -217,7 +217,7 @@ class Child:
         """The block of the int that holds a reading of the total: the
         only allocation between it and the reading of the tags, and none if
         it takes the block of an int kept for reuse."""
-        if one_digit(value):
+        if kept_for_reuse(value):
             return 0
         size = sys.getsizeof(value) + self.hooks
         if self.allocator.startswith("pymalloc") and size <= 512:
@@ -240,7 +240,7 @@ class Child:
         if extra is not None and sum(usage.values()) != total + extra:
             wrong.append(f"the tags sum to {sum(usage.values())}, the total "
                          f"is {total} (+{extra} for its int)")
-        new = 0 if one_digit(blocks) else 1
+        new = 0 if kept_for_reuse(blocks) else 1
         if sum(counts.values()) != blocks + new:
             wrong.append(f"the block counts sum to {sum(counts.values())}, "
                          f"the total is {blocks} (+{new})")
