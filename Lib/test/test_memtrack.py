@@ -122,8 +122,9 @@ def fill_int_free_list():
 
 
 def kept_for_reuse(value):
-    """Whether an int of this value is kept for reuse when it dies (and is
-    made in an int kept so): one of one or two digits."""
+    """Whether an int of this value is kept for reuse when it dies: one of
+    one or two digits.  Made from a C integer, as the readings are, such an
+    int takes a kept one's block."""
     return abs(value) < 1 << (2 * sys.int_info.bits_per_digit)
 
 
@@ -589,7 +590,7 @@ class MemtrackTests(unittest.TestCase):
         self.assertEqual(res.out.strip(), b"[0, 0, 0]")
 
     def test_free_list_reuse(self):
-        # Small ints, floats, tuples and lists are kept for reuse
+        # Ints of one digit, floats, tuples and lists are kept for reuse
         # when they die.  A kept object still counts under its type (its
         # block is still allocated, for it), and the next object takes it
         # up again.
