@@ -123,6 +123,16 @@ def on_schedule(function, *args, **options):
                 f"its thread off the CPU")
 
 
+# The heaviest work on schedule: under AddressSanitizer its ticks and its
+# work are slow enough that, beside the other test process on two cores,
+# no run in SHORT_TIMEOUT stayed on schedule (CI, 2026-12-07: each of
+# these four waited 30 s and skipped).  They skip at once there instead;
+# the other builds run them.
+heavy_on_schedule = unittest.skipIf(
+    support.check_sanitizer(address=True, memory=True),
+    "too slow under a sanitizer for the sampler to stay on schedule")
+
+
 def until_taken(sampler, ticks, function, *args):
     """Calls function(*args), and again until the running sampler has taken
     *ticks* ticks more: enough work for them, however long the sampler was
@@ -653,6 +663,7 @@ def shares_of_split_work(sampler):
 
 class AccuracyTests(unittest.TestCase):
 
+    @heavy_on_schedule
     def test_split_of_work(self):
         # one_share() and three_shares() run the same loop, one and three
         # times as long: a quarter and three quarters of the time.
@@ -674,6 +685,7 @@ class AccuracyTests(unittest.TestCase):
                                delta=share_delta(samples, 0.25),
                                msg=largest(samples))
 
+    @heavy_on_schedule
     def test_pstats_split(self):
         sampler = on_schedule(split_work, 20, rate=4000, mode="cpu",
                               memory_rate=0)
@@ -780,6 +792,7 @@ class AccuracyTests(unittest.TestCase):
         return ({name: cpu / sampler.interval for name, cpu in used.items()},
                 {i: r["threads"][i] for i in ours}, samples)
 
+    @heavy_on_schedule
     def test_cpu_mode_counts_a_thread_from_its_start_to_its_end(self):
         # Each thread lives about three ticks: the CPU time before its
         # first look and after its last counts, at its stack at the
@@ -843,6 +856,7 @@ class AccuracyTests(unittest.TestCase):
         # and the thread answered late there.
         self.assertGreater(at_sum, 0.9 * sum(s["weight"] for s in in_c))
 
+    @heavy_on_schedule
     def test_c_work_before_a_call_is_the_callers(self):
         # The thread answers late at the start of takes_product(), which
         # has run none of its code: the ticks are the caller's, at the

@@ -8,8 +8,9 @@
      a core slice of the upstream suite.
   3. build/test-debug: ./configure --with-pydebug --with-memory-tracking;
      runs the project's own tests hunting reference and block leaks
-     (-R 3:3), then test_embed, whose test_no_memleak checks that a run
-     ends with nothing left allocated, then the memory tests with
+     (-R 3:3; not those that exercise no C code of ours), then
+     test_embed, whose test_no_memleak checks that a run ends with
+     nothing left allocated, then the memory tests with
      PYTHONMALLOC=pymalloc (PYMALLOC_TESTS).  Assertions are on in this
      build.
   4. build/test-sanitizers: ./configure --with-address-sanitizer
@@ -98,6 +99,18 @@ CHILD_PROCESS_ONLY = [
     "*.test_monitoring.TestLineCoverage.test_upstream_test_modules",
 ]
 
+# The modules that take a minute or more, slowest first.  regrtest hands
+# out modules in the order it is given them, alphabetical by default, so
+# one of these met near the end kept a worker busy long after the other
+# had run out of work (test_tools, five minutes, ran alone for three).
+# Started first, they run beside the short ones.
+SLOWEST = """
+    test_tools test_concurrent_futures test_multiprocessing_spawn
+    test_multiprocessing_forkserver test_profiling_sampling test_asyncio
+    test_multiprocessing_fork test_profiling_heap test_memtrack
+    test_viewers test_signal
+""".split()
+
 # The debug build runs under its debug hooks, which pymalloc's own paths
 # (its fast paths with the tracking's hooks, the owned buffers it hands out
 # directly) never take: the memory tests run on it once more with
@@ -112,6 +125,19 @@ SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
     "UBSAN_OPTIONS": "halt_on_error=1:abort_on_error=1:print_stacktrace=1",
 }
+
+
+def slowest_first(tests):
+    """tests, the SLOWEST among them first; the others keep their order."""
+    rank = {name: i for i, name in enumerate(SLOWEST)}
+    return sorted(tests, key=lambda name: rank.get(name, len(SLOWEST)))
+
+
+def all_tests(python):
+    """The modules regrtest runs when it is given none."""
+    out = subprocess.run([python, "-m", "test", "--list-tests"],
+                         stdout=subprocess.PIPE, text=True, check=True).stdout
+    return out.split()
 
 
 def own_tests(lay):
@@ -234,7 +260,7 @@ def regrtest(python, label, tests, jobs, tally, workdir, where, env=None):
     """
     xml = os.path.join(workdir, f"{label}.xml")
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
-           "--junit-xml", xml] + where + IGNORE + tests
+           "--junit-xml", xml] + where + IGNORE + slowest_first(tests)
     print(f"== {label}: {' '.join(cmd[1:])}", flush=True)
     proc = run_streaming(cmd, env)
     out = proc.stdout
@@ -271,7 +297,7 @@ def leak_hunt(python, tests, jobs, tally, where):
     --junit-xml here: the results it keeps across the repetitions read as
     leaks.)"""
     cmd = [python, "-m", "test", f"-j{jobs}", "--timeout", "1200",
-           "-R", "3:3"] + where + tests
+           "-R", "3:3"] + where + slowest_first(tests)
     print(f"== debug-leaks: {' '.join(cmd[1:])}", flush=True)
     proc = run_streaming(cmd)
     failed = parse_failed_modules(proc.stdout)
@@ -412,15 +438,19 @@ def main():
     # they run.
     with tempfile.TemporaryDirectory(prefix="sg-") as short:
         where = ["--tempdir", short]
-        regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
+        regrtest(tracking, "tracking",
+                 slice_ if ns.quick else all_tests(tracking), ns.jobs,
                  tally, workdir, where)
         regrtest(plain, "plain", slice_, ns.jobs, tally, workdir, where)
         # Not test_viewers here, nor the tests that load our files into
         # the viewers: they test the harness and the viewers (Node.js and
         # Chromium), none of our C code, and take minutes repeated.
+        # Nor test_sightglass_build, which tests the Python tool that
+        # makes the tree (four minutes of the hunt).
         no_viewers = where + ignoring(["*.ViewerTests.*"])
-        leak_hunt(debug, sorted(set(mine) - {"test_viewers"}), ns.jobs,
-                  tally, no_viewers + ignoring(CHILD_PROCESS_ONLY))
+        leak_hunt(debug,
+                  sorted(set(mine) - {"test_viewers", "test_sightglass_build"}),
+                  ns.jobs, tally, no_viewers + ignoring(CHILD_PROCESS_ONLY))
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
         regrtest(debug, "debug-pymalloc", PYMALLOC_TESTS, ns.jobs, tally,
