@@ -99,6 +99,13 @@ CHILD_PROCESS_ONLY = [
     "*.test_monitoring.TestLineCoverage.test_upstream_test_modules",
 ]
 
+# Our test modules that exercise no C code of ours, which the debug and
+# sanitizer builds leave out: test_viewers tests the harness and the
+# viewers (Node.js and Chromium), test_sightglass_build the Python tool
+# that makes the tree (four minutes of the leak hunt, ten under the
+# sanitizers).
+NO_C_CODE = {"test_viewers", "test_sightglass_build"}
+
 # Our modules that take minutes in the debug and sanitizer builds,
 # slowest first.  regrtest hands out modules in the order it is given
 # them: in alphabetical order, test_profiling_sampling (7 minutes of the
@@ -431,24 +438,19 @@ def main():
         regrtest(tracking, "tracking", slice_ if ns.quick else [], ns.jobs,
                  tally, workdir, where)
         regrtest(plain, "plain", slice_, ns.jobs, tally, workdir, where)
-        # Not test_viewers here, nor the tests that load our files into
-        # the viewers: they test the harness and the viewers (Node.js and
-        # Chromium), none of our C code, and take minutes repeated.
-        # Nor test_sightglass_build, which tests the Python tool that
-        # makes the tree (four minutes of the hunt).
+        # The debug and sanitizer builds leave out NO_C_CODE, and the
+        # tests elsewhere that load our files into the viewers: like
+        # test_viewers, they test the viewers, none of our C code, and
+        # take minutes repeated.
         no_viewers = where + ignoring(["*.ViewerTests.*"])
-        leak_hunt(debug,
-                  sorted(set(mine) - {"test_viewers", "test_sightglass_build"}),
-                  ns.jobs, tally, no_viewers + ignoring(CHILD_PROCESS_ONLY))
+        leak_hunt(debug, sorted(set(mine) - NO_C_CODE), ns.jobs, tally,
+                  no_viewers + ignoring(CHILD_PROCESS_ONLY))
         regrtest(debug, "debug", ["test_embed"], ns.jobs, tally, workdir,
                  where)
         regrtest(debug, "debug-pymalloc", PYMALLOC_TESTS, ns.jobs, tally,
                  workdir, where, {"PYTHONMALLOC": "pymalloc"})
-        # Nor test_sightglass_build: it tests the Python tool that makes
-        # the tree, and takes ten minutes under the sanitizers.
         regrtest(sanitized, "sanitizers",
-                 sorted(set(mine) - {"test_sightglass_build", "test_viewers"}
-                        | set(SANITIZED_SLICE)),
+                 sorted(set(mine) - NO_C_CODE | set(SANITIZED_SLICE)),
                  ns.jobs, tally, workdir, no_viewers, SANITIZER_ENV)
 
     print()
