@@ -166,6 +166,32 @@ _PyMemTrack_NoteFree(void *block)
 }
 
 struct pool_header *
+_PyMemTrack_NoteFreeInPool(void *block)
+{
+    uintptr_t b = (uintptr_t)block;
+    struct pool_header *pool = _PyMemTrack_PoolOf(b);
+    _PyMemTrack_BlockChanging(b, 0);
+    if (_PyMemTrack_IsData(b)) {
+        _PyMemTrack_ClearMark(pool, b);
+        /* Unless a claim's, freed as no claim's in a pool that counts no
+           mark. */
+        if (pool->memtrack_map[0] & _PyMemTrack_POOL_MARKS) {
+            _PyMemTrack_CountMark(pool, 0);
+        }
+    }
+    return pool;
+}
+
+struct pool_header *
+_PyMemTrack_PoolEmptied(struct pool_header *pool)
+{
+    uint64_t state = pool->memtrack_map[0] & _PyMemTrack_POOL_STATE;
+    memset(pool->memtrack_map, 0, sizeof(pool->memtrack_map));
+    pool->memtrack_map[0] = state;
+    return pool;
+}
+
+struct pool_header *
 _PyMemTrack_NotePeakAt(void *block)
 {
     _PyMemTrack_NotePeak();
@@ -185,12 +211,10 @@ _PyMemTrack_CollectionStarting(void)
 {
     uintptr_t last = _Py_memtrack.last_block;
     if (last != 0) {
-        /* An object named in its block's place lies inside the block: the
-           mark goes to the block's start, which the walk reads. */
+        /* An object named in its block's place lies inside the block. */
         size_t size;
         _Py_memtrack.last_block = _PyObject_PooledBlock(last, &size);
         assert(_Py_memtrack.last_block != 0);
-        _PyMemTrack_ForgetLastBlock();
     }
 }
 
@@ -825,6 +849,38 @@ _PyMemTrack_NewLargeObject(void *block, PyObject *op)
 
 /* --- blocks and objects -------------------------------------------------- */
 
+/* An allocated pooled block holds data that a claim owns: marked as the
+   claim's, which its free or reallocation takes off (an anonymous mark it
+   had becomes the claim's). */
+static void
+mark_claimed(uintptr_t block)
+{
+    struct pool_header *pool = _PyMemTrack_PoolOf(block);
+    _PyMemTrack_BlockChanging(block, 0);
+    if (_PyMemTrack_IsData(block)) {
+        _PyMemTrack_CountMark(pool, 0);
+    }
+    else {
+        _PyMemTrack_SetMark(pool, block);
+    }
+    if (block == _Py_memtrack.last_block) {
+        _Py_memtrack.last_block = 0;
+    }
+}
+
+uintptr_t
+_PyMemTrack_ClaimEnding(void *ptr)
+{
+    uintptr_t block = (uintptr_t)ptr - _Py_memtrack.hooks_pad;
+    size_t size;
+    if (ptr == NULL || _PyObject_PooledBlock(block, &size) != block) {
+        return 0;
+    }
+    _PyMemTrack_BlockChanging(block, 0);
+    _PyMemTrack_ClearMark(_PyMemTrack_PoolOf(block), block);
+    return block;
+}
+
 /* What the allocator reserved for a block of the mem or object domain:
    its pymalloc size class, or what malloc() really gave; 0 for a block
    the accounting does not count (one from an allocator that replaced
@@ -852,10 +908,7 @@ reserved_size(void *ptr, int claimed)
         }
     }
     if (claimed) {
-        _PyMemTrack_MarkData(block);
-        if (block == _Py_memtrack.last_block) {
-            _Py_memtrack.last_block = 0;
-        }
+        mark_claimed(block);
     }
     return size;
 }
@@ -875,9 +928,8 @@ _PyMemTrack_ClaimedSize(void *ptr)
 void
 _PyMemTrack_NewObjectSlow(PyObject *op)
 {
-    /* Made after other blocks were handed out, or after a collection
-       that its allocation started (which marks the block, whether it
-       allocates or not), in a block that was already an object's
+    /* Made after other blocks were handed out (in a collection that its
+       allocation started, say), in a block that was already an object's
        (resized in place), under debug hooks, or elsewhere. */
     uintptr_t pooled = _PyMemTrack_ObjectBlock(op);
     size_t size;
@@ -947,15 +999,24 @@ _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to, void *ptr)
    block, or stays with the old one if the allocator fails.  What the
    allocator reserved changed by as much as the count did, as a claimed
    block's free by its domain finds (obmalloc.c): neither block is looked
-   up to size it. */
+   up to size it.  The claim's mark, which the domain's free would leave
+   on a free block, is taken off while the domain may move the data, and
+   put on the block that holds it after. */
 static void *
 realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
                 void *(*resize)(void *, size_t))
 {
+    uintptr_t old = t != NULL ? _PyMemTrack_ClaimEnding(ptr) : 0;
     Py_ssize_t before = _Py_memtrack.bytes;
     void *new = resize(ptr, size);
-    if (t == NULL || new == NULL) {
+    if (t == NULL) {
         return new;
+    }
+    if (new == NULL) {
+        if (old != 0) {
+            mark_claimed(old);
+        }
+        return NULL;
     }
     Py_ssize_t change = _Py_memtrack.bytes - before;
     if (ptr == NULL) {
@@ -969,11 +1030,13 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
             t->bytes += change;
         }
     }
-    if ((uintptr_t)new == _Py_memtrack.last_block) {
-        /* Moved to the block handed out last: it holds data.  Marked now,
-           as a claimed block is when it is handed out, rather than by the
-           next hand-out's slow path. */
-        _PyMemTrack_ForgetLastBlock();
+    uintptr_t block = (uintptr_t)new - _Py_memtrack.hooks_pad;
+    size_t pooled_size;
+    if (new == ptr ? old != 0
+        : (block == _Py_memtrack.last_block
+           || _PyObject_PooledBlock(block, &pooled_size) == block))
+    {
+        mark_claimed(block);
     }
     return new;
 }
@@ -1251,7 +1314,9 @@ make_room_for_changes(size_t extra)
 void
 _PyMemTrack_PoolSetUp(struct pool_header *pool)
 {
-    _PyMemTrack_SetPoolState(pool, _PyMemTrack_POOL_CHANGED);
+    /* Changed, and no block marked. */
+    static_assert(_PyMemTrack_POOL_CHANGED == 0, "changed is all clear");
+    memset(pool->memtrack_map, 0, sizeof(pool->memtrack_map));
     if (changed_unlisted) {
         return;
     }

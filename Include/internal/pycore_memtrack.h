@@ -29,18 +29,21 @@ extern "C" {
    has claimed and no object is in.
 
    Most blocks hold objects, so it is the other blocks that are marked: a bit
-   in a map in the header of each pool says that a block holds data (a
-   buffer, claimed or not).  pymalloc hands out every block unmarked, and
-   remembers it as the last block until its use is known: an object made in
-   it leaves it unmarked, and a claim, the next allocation, a collection
-   started by an allocation, the walk or debug hooks (at once) mark it as
-   data.  So making an object costs a comparison, and the map is written for
-   data only, and where a block is handed out: not where it is freed, since
-   the last block may be freed before its use is known, and marked
-   afterwards.  A free stamps its block instead.  The walk visits the
-   allocated blocks that are neither marked nor stamped, and finds each one's
-   object after what its type puts before objects (the GC header, the managed
-   dict), which holds no type: see pooled_object_type() in memtrack.c. */
+   in a map in the header of each pool says that an allocated block holds
+   data (a buffer, claimed or not).  pymalloc hands out every block
+   unmarked, and remembers it as the last block until its use is known: an
+   object made in it leaves it unmarked, and a claim, the next allocation, a
+   collection started by an allocation, the walk or debug hooks (at once)
+   mark it as data.  So making an object costs a comparison, and the map is
+   written for data only: no free block is marked, so that a hand-out need
+   not clear its bit.  A claim's mark goes where its claim does (the free
+   or reallocation of a claimed block); the others, the anonymous blocks'
+   marks, are counted in their pool's header, and pymalloc's free looks for
+   one only in a pool that has them.  A free stamps its block too.  The walk
+   visits the allocated blocks that are neither marked nor stamped, and
+   finds each one's object after what its type puts before objects (the GC
+   header, the managed dict), which holds no type: see pooled_object() in
+   memtrack.c. */
 
 #ifdef Py_TRACK_MEMORY
 
@@ -213,25 +216,37 @@ struct _Py_memtrack_counts {
 PyAPI_DATA(struct _Py_memtrack_counts) _Py_memtrack;
 
 /* A pool's header holds a map with a bit for each granule, which says
-   that the block starting there holds data.  The bits of the first two
-   granules, which the header covers, hold the pool's state: whether what
-   its blocks hold may have changed (a block handed out, freed or marked,
-   an object's class assigned) since the walk last looked into it.  The
-   walk looks again only into pools that changed, and only at the blocks
-   noted if there are few.  (A state for each quarter of a pool saved a
-   quarter of the walk's time on a heap mutated at random, for 1.5% more
-   instructions over bench/'s kinds, 2.8% on its integer loop; one per
-   pool costs 0.3% and 0.5%.) */
+   that the allocated block starting there holds data.  The bits of the
+   granules that the header covers hold the pool's state and its count of
+   anonymous marks.  The state says whether what its blocks hold may have
+   changed (a block handed out, freed or marked, an object's class
+   assigned) since the walk last looked into it.  The walk looks again only
+   into pools that changed, and only at the blocks noted if there are few.
+   (A state for each quarter of a pool saved a quarter of the walk's time
+   on a heap mutated at random, for 1.5% more instructions over bench/'s
+   kinds, 2.8% on its integer loop; one per pool costs 0.3% and 0.5%.) */
 enum {
-    _PyMemTrack_POOL_UNCHANGED = 0,
+    /* Any of its blocks may have changed: the allocator notes nothing.
+       All bits clear, as a pool is set up. */
+    _PyMemTrack_POOL_CHANGED = 0,
+    /* As the walk saw it: a bit of its own (_PyMemTrack_POOL_WATCHED),
+       which the allocator tests, to note the next change. */
+    _PyMemTrack_POOL_UNCHANGED = 2,
     /* The blocks that changed are noted (in memtrack.c). */
-    _PyMemTrack_POOL_NOTED = 1,
-    /* Any of its blocks may have changed: a bit of its own, which the
-       allocator tests. */
-    _PyMemTrack_POOL_CHANGED = 2,
+    _PyMemTrack_POOL_NOTED = 3,
 };
-#define _PyMemTrack_POOL_STATE \
-    ((uint64_t)(_PyMemTrack_POOL_NOTED | _PyMemTrack_POOL_CHANGED))
+#define _PyMemTrack_POOL_WATCHED ((uint64_t)2)
+#define _PyMemTrack_POOL_STATE ((uint64_t)3)
+
+/* The marks of anonymous blocks in the pool, in the next bits: at most
+   _PyMemTrack_POOL_MARKS_MAX, where the count stays until the pool is
+   empty, as it must never count fewer marks than there are. */
+#define _PyMemTrack_POOL_MARKS_SHIFT 2
+#define _PyMemTrack_POOL_MARKS_MAX ((uint64_t)255)
+#define _PyMemTrack_POOL_MARKS \
+    (_PyMemTrack_POOL_MARKS_MAX << _PyMemTrack_POOL_MARKS_SHIFT)
+/* The granules whose bits these take, which no block starts in. */
+#define _PyMemTrack_POOL_HEADER_GRANULES 10
 
 #define _PyMemTrack_POOL_MASK \
     (((uintptr_t)1 << _PyObmalloc_POOL_BITS) - 1)
@@ -260,7 +275,16 @@ _PyMemTrack_PoolState(struct pool_header *pool)
 static inline int
 _PyMemTrack_PoolChanged(struct pool_header *pool)
 {
-    return (pool->memtrack_map[0] & _PyMemTrack_POOL_CHANGED) != 0;
+    return (pool->memtrack_map[0] & _PyMemTrack_POOL_WATCHED) == 0;
+}
+
+/* Whether a free in the pool has more to do than stamp its block: note
+   the change, or look for an anonymous mark. */
+static inline int
+_PyMemTrack_PoolWatchedOrMarked(struct pool_header *pool)
+{
+    return (pool->memtrack_map[0]
+            & (_PyMemTrack_POOL_WATCHED | _PyMemTrack_POOL_MARKS)) != 0;
 }
 
 static inline void
@@ -337,6 +361,13 @@ extern void _PyMemTrack_HooksHandedOut(char api_id);
 /* pymalloc sets up a pool in an arena (whose memory may hold anything). */
 extern void _PyMemTrack_PoolSetUp(struct pool_header *pool);
 
+/* pymalloc frees the last allocated block of a pool.  Its map is clear
+   but for the count of anonymous marks, which may have stuck at the most;
+   and for the marks of claimed blocks freed as no claim's (by PyMem_Free(),
+   say), which would hide an object made there: cleared all the same.
+   Returns the pool (so pymalloc keeps nothing across the call). */
+extern struct pool_header *_PyMemTrack_PoolEmptied(struct pool_header *pool);
+
 /* Whether a block in a pool is marked as holding data. */
 static inline int
 _PyMemTrack_IsData(uintptr_t block)
@@ -354,28 +385,61 @@ _PyMemTrack_SetMark(struct pool_header *pool, uintptr_t block)
 }
 
 static inline void
-_PyMemTrack_MarkData(uintptr_t block)
-{
-    _PyMemTrack_BlockChanging(block, 0);
-    _PyMemTrack_SetMark(_PyMemTrack_PoolOf(block), block);
-}
-
-static inline void
 _PyMemTrack_ClearMark(struct pool_header *pool, uintptr_t block)
 {
-    /* ~(1 << n) as a rotation of ~1, which spares pymalloc's allocation
-       two instructions. */
+    /* ~(1 << n) as a rotation of ~1, which spares two instructions. */
     unsigned int n = _PyMemTrack_MapShift(block);
     uint64_t rest = ~(uint64_t)1;
     *_PyMemTrack_MapWord(pool, block)
         &= (rest << n) | (rest >> ((64 - n) % 64));
 }
 
+/* One anonymous mark more or fewer in a pool, unless the count stuck. */
+static inline void
+_PyMemTrack_CountMark(struct pool_header *pool, int more)
+{
+    uint64_t marks = pool->memtrack_map[0] & _PyMemTrack_POOL_MARKS;
+    if (marks != _PyMemTrack_POOL_MARKS) {
+        assert(more || marks != 0);
+        uint64_t one = (uint64_t)1 << _PyMemTrack_POOL_MARKS_SHIFT;
+        if (more) {
+            pool->memtrack_map[0] += one;
+        }
+        else {
+            pool->memtrack_map[0] -= one;
+        }
+    }
+}
+
+/* An allocated block that no one claims holds data, or an object. */
+static inline void
+_PyMemTrack_MarkAnonymous(uintptr_t block)
+{
+    if (!_PyMemTrack_IsData(block)) {
+        struct pool_header *pool = _PyMemTrack_PoolOf(block);
+        _PyMemTrack_BlockChanging(block, 0);
+        _PyMemTrack_SetMark(pool, block);
+        _PyMemTrack_CountMark(pool, 1);
+    }
+}
+
+/* An object is made in a marked block, an anonymous one's (forgotten as
+   the last block before the object was made).  In a pool that counts no
+   anonymous mark, the mark is a claim's: C code made an object inside a
+   buffer it holds, which counts as part of the buffer.  (Where the pool
+   counts others, such a mark is taken for one of them: one counted too
+   few, until the pool is empty.) */
 static inline void
 _PyMemTrack_Unmark(uintptr_t block)
 {
-    _PyMemTrack_BlockChanging(block, 0);
-    _PyMemTrack_ClearMark(_PyMemTrack_PoolOf(block), block);
+    struct pool_header *pool = _PyMemTrack_PoolOf(block);
+    if (_PyMemTrack_IsData(block)
+        && (pool->memtrack_map[0] & _PyMemTrack_POOL_MARKS) != 0)
+    {
+        _PyMemTrack_BlockChanging(block, 0);
+        _PyMemTrack_ClearMark(pool, block);
+        _PyMemTrack_CountMark(pool, 0);
+    }
 }
 
 /* The block size of a pool in use.  pymalloc sets its maxnextoffset to
@@ -404,7 +468,13 @@ _PyMemTrack_ForgetLastBlock(void)
 {
     uintptr_t last = _Py_memtrack.last_block;
     if (last != 0) {
-        _PyMemTrack_MarkData(last);
+        /* Unless it was freed since (its pool may even have been set up
+           for another size): a free block holds nothing, and no mark.  (A
+           block handed out is unstamped then; one whose data has the
+           stamp there reads as free to the walk all the same.) */
+        if (((uintptr_t *)last)[1] != _PyMemTrack_FREED) {
+            _PyMemTrack_MarkAnonymous(last);
+        }
         _Py_memtrack.last_block = 0;
     }
 }
@@ -469,9 +539,10 @@ _PyMemTrack_PooledHandedOut(void *block, struct pool_header *pool,
         return _PyMemTrack_PooledHandedOutSlow(block, pool, nbytes);
     }
     _Py_memtrack.last_block = (uintptr_t)block;
-    /* Whatever its last life was (marked after it was freed, even).  Free,
-       it held nothing the walk counts: the change can be noted after. */
-    _PyMemTrack_ClearMark(pool, (uintptr_t)block);
+    /* Free, it held nothing the walk counts: the change can be noted
+       after. */
+    assert(!_PyMemTrack_IsData((uintptr_t)block));
+    ((uintptr_t *)block)[1] = 0;
     _PyMemTrack_Count(_Py_SIZE_ROUND_UP(
         nbytes, (size_t)1 << _PyObmalloc_GRANULE_SHIFT));
     if (!_PyMemTrack_PoolChanged(pool)) {
@@ -493,8 +564,10 @@ _PyMemTrack_Uncount(size_t size)
 
 /* pymalloc frees a block of a pool, which these return.  (So pymalloc
    keeps no more across a call than the block.)  The first notes the
-   block's change, the second the peak. */
+   block's change, the second that and gives back an anonymous block's
+   mark, the third notes the peak. */
 extern struct pool_header *_PyMemTrack_NoteFree(void *block);
+extern struct pool_header *_PyMemTrack_NoteFreeInPool(void *block);
 extern struct pool_header *_PyMemTrack_NotePeakAt(void *block);
 
 static inline struct pool_header *
@@ -504,9 +577,25 @@ _PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
         pool = _PyMemTrack_NotePeakAt(block);
     }
     _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
+    if (_PyMemTrack_PoolWatchedOrMarked(pool)) {
+        pool = _PyMemTrack_NoteFreeInPool(block);
+    }
+    ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
+    return pool;
+}
+
+/* ...and one that its claim gives back, with the claim's mark. */
+static inline struct pool_header *
+_PyMemTrack_PooledClaimedFreed(void *block, struct pool_header *pool)
+{
+    if (_PyMemTrack_AbovePeak()) {
+        pool = _PyMemTrack_NotePeakAt(block);
+    }
+    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
     if (!_PyMemTrack_PoolChanged(pool)) {
         pool = _PyMemTrack_NoteFree(block);
     }
+    _PyMemTrack_ClearMark(pool, (uintptr_t)block);
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
     return pool;
 }
@@ -591,14 +680,14 @@ _PyMemTrack_NewObject(PyObject *op)
    until _Py_NewReference(), which then finds the object there without a
    look at its type.  Called before _PyObject_GC_Link(), so that the block
    need not be kept across that call; the collection that call may start
-   takes the block for data first (see _PyMemTrack_CollectionStarting()),
-   and _Py_NewReference() then finds it the slow way.  Nothing else
-   between the two allocates or walks.  (last_block is a block start in
+   names the block by its start again (see
+   _PyMemTrack_CollectionStarting()).  Nothing else between the two
+   allocates or walks.  (last_block is a block start in
    its pool's layout of now, or an object named in the block just handed
    out: a pool is set up for another size only to hand out a block, whose
    hand-out replaces last_block, and an arena given back clears it.  Only
-   inside that hand-out is it a block of the pool's last life, which
-   _PyMemTrack_PooledHandedOutSlow() marks: a stray bit at worst.) */
+   inside that hand-out is it a block of the pool's last life, freed, which
+   _PyMemTrack_PooledHandedOutSlow() so leaves unmarked.) */
 static inline void
 _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
 {
@@ -607,9 +696,10 @@ _PyMemTrack_NameObjectInBlock(void *block, PyObject *op)
     }
 }
 
-/* _PyObject_GC_Link() starts a collection, which may allocate and walk:
-   the block handed out last, or the one whose object is named in its
-   place, holds data until the object is made in it. */
+/* _PyObject_GC_Link() starts a collection, which may allocate and walk,
+   and so mark the block handed out last as data until its object is made
+   (see _PyMemTrack_Unmark()): at its start, where the walk reads, not
+   where the object is named in its place. */
 extern void _PyMemTrack_CollectionStarting(void);
 
 /* _Py_NewReference() for an object taken from a free list, whose block
@@ -653,6 +743,10 @@ extern void _PyMemTrack_ForgetType(PyTypeObject *type);
 PyAPI_FUNC(void) _PyMemTrack_ClaimBlock(PyTypeObject *owner, void *ptr);
 extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
                                   void *ptr);
+/* A claimed block of the mem or object domain is about to be freed or
+   moved by the domain, whose free gives back only anonymous marks: its
+   claim's mark is taken off.  Its start if pooled, else 0. */
+extern uintptr_t _PyMemTrack_ClaimEnding(void *ptr);
 
 /* pymalloc hands out a block for data that t claims (obmalloc.c's
    _PyMem_ClaimedMalloc() and the others).  It is marked as data at once:
@@ -668,6 +762,7 @@ _PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
     if (!_PyMemTrack_PoolChanged(pool)) {
         _PyMemTrack_NoteChange((uintptr_t)block, 1);
     }
+    assert(!_PyMemTrack_IsData((uintptr_t)block));
     _PyMemTrack_SetMark(pool, (uintptr_t)block);
     _PyMemTrack_Count(size);
     _PyMemTrack_Claim(t, (Py_ssize_t)size);

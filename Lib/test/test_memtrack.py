@@ -616,6 +616,60 @@ class MemtrackTests(unittest.TestCase):
                 self.assertLess(sys.type_allocation_counts().get(name, 0),
                                 before - 40)
 
+    def test_objects_in_blocks_that_held_data(self):
+        # A block that held data holds an object once freed and handed out
+        # again, and the object counts, however the data went: an
+        # anonymous buffer given back by PyMem_Free(), buffers freed by
+        # their owners, moved by a reallocation, or freed by their owners
+        # under tracemalloc (which wraps the allocator: its frees are no
+        # claims').
+        class Sightglass_Reborn:
+            __slots__ = ()
+        name = Sightglass_Reborn.__name__
+        size = pre_header(Sightglass_Reborn) + Sightglass_Reborn.__basicsize__
+        # A list of as many items owns a buffer of the instances' size.
+        items = size // POINTER
+        api.PyMem_Malloc.restype = ctypes.c_void_p
+        api.PyMem_Malloc.argtypes = [ctypes.c_size_t]
+        api.PyMem_Free.argtypes = [ctypes.c_void_p]
+        tracemalloc = import_helper.import_module("tracemalloc")
+
+        def anonymous():
+            blocks = [api.PyMem_Malloc(size) for _ in range(N)]
+            for p in blocks:
+                api.PyMem_Free(p)
+
+        def owned():
+            lists = [[None] * items for _ in range(N)]
+            del lists
+
+        def moved():
+            # The first append makes a buffer of four items, the fifth moves
+            # them to a larger one.
+            self.assertEqual(items, 4)
+            lists = [[] for _ in range(N)]
+            for lst in lists:
+                for _ in range(items + 1):
+                    lst.append(None)
+            del lists
+
+        def owned_under_tracemalloc():
+            lists = [[None] * items for _ in range(N)]
+            tracemalloc.start()
+            try:
+                del lists
+            finally:
+                tracemalloc.stop()
+
+        for free in (anonymous, owned, moved, owned_under_tracemalloc):
+            with self.subTest(free.__name__):
+                free()
+                before = sys.type_allocation_counts().get(name, 0)
+                objects = [Sightglass_Reborn() for _ in range(N)]
+                after = sys.type_allocation_counts().get(name, 0)
+                self.assertEqual(after - before, N)
+                del objects
+
     def test_block_of_a_dead_object_reused_as_a_buffer(self):
         # A freed block may be handed out again for data.  Taken up by a
         # buffer, it must not be read as an object: here the buffer holds,
