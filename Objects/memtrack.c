@@ -868,12 +868,26 @@ mark_claimed(uintptr_t block)
     }
 }
 
-uintptr_t
-_PyMemTrack_ClaimEnding(void *ptr)
+/* The pooled block that a block of the mem or object domain starts
+   (after the debug hooks' pad); 0 for one outside the pools. */
+static uintptr_t
+pooled_block_of(void *ptr)
 {
     uintptr_t block = (uintptr_t)ptr - _Py_memtrack.hooks_pad;
     size_t size;
-    if (ptr == NULL || _PyObject_PooledBlock(block, &size) != block) {
+    if (block == _Py_memtrack.last_block
+        || _PyObject_PooledBlock(block, &size) == block)
+    {
+        return block;
+    }
+    return 0;
+}
+
+uintptr_t
+_PyMemTrack_ClaimEnding(void *ptr)
+{
+    uintptr_t block = ptr != NULL ? pooled_block_of(ptr) : 0;
+    if (block == 0) {
         return 0;
     }
     _PyMemTrack_BlockChanging(block, 0);
@@ -1030,12 +1044,8 @@ realloc_claimed(_Py_memtally *t, void *ptr, size_t size,
             t->bytes += change;
         }
     }
-    uintptr_t block = (uintptr_t)new - _Py_memtrack.hooks_pad;
-    size_t pooled_size;
-    if (new == ptr ? old != 0
-        : (block == _Py_memtrack.last_block
-           || _PyObject_PooledBlock(block, &pooled_size) == block))
-    {
+    uintptr_t block = new == ptr ? old : pooled_block_of(new);
+    if (block != 0) {
         mark_claimed(block);
     }
     return new;

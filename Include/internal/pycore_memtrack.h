@@ -570,13 +570,21 @@ extern struct pool_header *_PyMemTrack_NoteFree(void *block);
 extern struct pool_header *_PyMemTrack_NoteFreeInPool(void *block);
 extern struct pool_header *_PyMemTrack_NotePeakAt(void *block);
 
+/* Its bytes leave the total, which the peak is raised to first. */
 static inline struct pool_header *
-_PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
+_PyMemTrack_PooledUncount(void *block, struct pool_header *pool)
 {
     if (_PyMemTrack_AbovePeak()) {
         pool = _PyMemTrack_NotePeakAt(block);
     }
     _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
+    return pool;
+}
+
+static inline struct pool_header *
+_PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
+{
+    pool = _PyMemTrack_PooledUncount(block, pool);
     if (_PyMemTrack_PoolWatchedOrMarked(pool)) {
         pool = _PyMemTrack_NoteFreeInPool(block);
     }
@@ -588,10 +596,7 @@ _PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
 static inline struct pool_header *
 _PyMemTrack_PooledClaimedFreed(void *block, struct pool_header *pool)
 {
-    if (_PyMemTrack_AbovePeak()) {
-        pool = _PyMemTrack_NotePeakAt(block);
-    }
-    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
+    pool = _PyMemTrack_PooledUncount(block, pool);
     if (!_PyMemTrack_PoolChanged(pool)) {
         pool = _PyMemTrack_NoteFree(block);
     }
