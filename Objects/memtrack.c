@@ -1173,7 +1173,8 @@ PyObject_TrackedRealloc(const char *what, void *ptr, size_t nbytes)
 void
 PyObject_TrackedFree(const char *what, void *ptr)
 {
-    _PyObject_ClaimedFree(ptr != NULL ? named_tally(what) : NULL, ptr);
+    _PyMemTrack_ClaimedFree(PYMEM_DOMAIN_OBJ,
+                            ptr != NULL ? named_tally(what) : NULL, ptr);
 }
 
 

@@ -754,9 +754,8 @@ extern void _PyMemTrack_MoveBlock(PyTypeObject *from, PyTypeObject *to,
 extern uintptr_t _PyMemTrack_ClaimEnding(void *ptr);
 
 /* pymalloc hands out a block for data that t claims (obmalloc.c's
-   _PyMem_ClaimedMalloc() and the others).  It is marked as data at once:
-   the block handed out last, which may yet become an object's, stays
-   so. */
+   _PyMemTrack_ClaimedAlloc()).  It is marked as data at once: the block
+   handed out last, which may yet become an object's, stays so. */
 static inline void
 _PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
                           _Py_memtally *t)
@@ -774,31 +773,39 @@ _PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
 }
 
 /* A block of the mem or object domain for an object of `owner`, claimed by
-   t, the owner's tally (or by the tally made for it if t is NULL). */
-PyAPI_FUNC(void *) _PyMem_ClaimedMalloc(PyTypeObject *owner, _Py_memtally *t,
-                                        size_t size);
-PyAPI_FUNC(void *) _PyMem_ClaimedCalloc(PyTypeObject *owner, _Py_memtally *t,
-                                        size_t nelem, size_t elsize);
-PyAPI_FUNC(void *) _PyObject_ClaimedMalloc(PyTypeObject *owner,
-                                           _Py_memtally *t, size_t size);
+   t, the owner's tally (or by the tally made for it if t is NULL); zeroed
+   if asked.  nbytes is at most PY_SSIZE_T_MAX: the callers below check,
+   where the sizes are often constants. */
+PyAPI_FUNC(void *) _PyMemTrack_ClaimedAlloc(PyMemAllocatorDomain domain,
+                                            PyTypeObject *owner,
+                                            _Py_memtally *t, size_t nbytes,
+                                            int zeroed);
 
 /* Free a block that t (if not NULL) claims, and give back to t what the
    allocator had reserved for it. */
-PyAPI_FUNC(void) _PyMem_ClaimedFree(_Py_memtally *t, void *ptr);
-PyAPI_FUNC(void) _PyObject_ClaimedFree(_Py_memtally *t, void *ptr);
+PyAPI_FUNC(void) _PyMemTrack_ClaimedFree(PyMemAllocatorDomain domain,
+                                         _Py_memtally *t, void *ptr);
 
 /* Buffers an object owns, from the mem domain, counted under `owner`. */
 static inline void *
 _PyMem_OwnedMalloc(PyTypeObject *owner, size_t size)
 {
-    return _PyMem_ClaimedMalloc(owner, _PyMemTrack_TallyOf(owner), size);
+    if (size > (size_t)PY_SSIZE_T_MAX) {
+        return NULL;
+    }
+    return _PyMemTrack_ClaimedAlloc(PYMEM_DOMAIN_MEM, owner,
+                                    _PyMemTrack_TallyOf(owner), size, 0);
 }
 
 static inline void *
 _PyMem_OwnedCalloc(PyTypeObject *owner, size_t nelem, size_t elsize)
 {
-    return _PyMem_ClaimedCalloc(owner, _PyMemTrack_TallyOf(owner),
-                                nelem, elsize);
+    if (elsize != 0 && nelem > (size_t)PY_SSIZE_T_MAX / elsize) {
+        return NULL;
+    }
+    return _PyMemTrack_ClaimedAlloc(PYMEM_DOMAIN_MEM, owner,
+                                    _PyMemTrack_TallyOf(owner),
+                                    nelem * elsize, 1);
 }
 
 PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
@@ -807,14 +814,18 @@ PyAPI_FUNC(void *) _PyMem_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyMem_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyMem_ClaimedFree(_PyMemTrack_TallyOf(owner), ptr);
+    _PyMemTrack_ClaimedFree(PYMEM_DOMAIN_MEM, _PyMemTrack_TallyOf(owner), ptr);
 }
 
 /* The same, from the object domain. */
 static inline void *
 _PyObject_OwnedMalloc(PyTypeObject *owner, size_t size)
 {
-    return _PyObject_ClaimedMalloc(owner, _PyMemTrack_TallyOf(owner), size);
+    if (size > (size_t)PY_SSIZE_T_MAX) {
+        return NULL;
+    }
+    return _PyMemTrack_ClaimedAlloc(PYMEM_DOMAIN_OBJ, owner,
+                                    _PyMemTrack_TallyOf(owner), size, 0);
 }
 
 extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
@@ -823,7 +834,7 @@ extern void *_PyObject_OwnedRealloc(PyTypeObject *owner, void *ptr,
 static inline void
 _PyObject_OwnedFree(PyTypeObject *owner, void *ptr)
 {
-    _PyObject_ClaimedFree(_PyMemTrack_TallyOf(owner), ptr);
+    _PyMemTrack_ClaimedFree(PYMEM_DOMAIN_OBJ, _PyMemTrack_TallyOf(owner), ptr);
 }
 
 /* For the heap scanner: call visit on each object made in a block of the
