@@ -592,17 +592,34 @@ _PyMemTrack_PooledFreed(void *block, struct pool_header *pool)
     return pool;
 }
 
-/* ...and one that its claim gives back, with the claim's mark. */
-static inline struct pool_header *
-_PyMemTrack_PooledClaimedFreed(void *block, struct pool_header *pool)
+/* ...and one that its claim gives back, with the claim's mark.  Its notes
+   (the peak, the pool's change) come first, where it has any: out of line,
+   so that a free without them makes no call before pymalloc's last. */
+static inline int
+_PyMemTrack_ClaimedFreeNotes(struct pool_header *pool)
 {
-    pool = _PyMemTrack_PooledUncount(block, pool);
+    return _PyMemTrack_AbovePeak() || !_PyMemTrack_PoolChanged(pool);
+}
+
+static inline struct pool_header *
+_PyMemTrack_NoteClaimedFree(void *block, struct pool_header *pool)
+{
+    if (_PyMemTrack_AbovePeak()) {
+        pool = _PyMemTrack_NotePeakAt(block);
+    }
     if (!_PyMemTrack_PoolChanged(pool)) {
         pool = _PyMemTrack_NoteFree(block);
     }
+    return pool;
+}
+
+static inline void
+_PyMemTrack_PooledClaimedFreed(void *block, struct pool_header *pool)
+{
+    assert(!_PyMemTrack_AbovePeak());
+    _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
     _PyMemTrack_ClearMark(pool, (uintptr_t)block);
     ((uintptr_t *)block)[1] = _PyMemTrack_FREED;
-    return pool;
 }
 
 /* The functions beneath every domain (obmalloc.c's _PyMem_Raw*): malloc()
@@ -755,17 +772,16 @@ extern uintptr_t _PyMemTrack_ClaimEnding(void *ptr);
 
 /* pymalloc hands out a block for data that t claims (obmalloc.c's
    _PyMemTrack_ClaimedAlloc()).  It is marked as data at once: the block
-   handed out last, which may yet become an object's, stays so. */
+   handed out last, which may yet become an object's, stays so.  Its
+   change is noted after, where the pool is watched
+   (_PyMemTrack_NoteHandOut(): a block that was free has nothing to look
+   at), so that the call can be pymalloc's last. */
 static inline void
 _PyMemTrack_PooledClaimed(void *block, struct pool_header *pool,
                           _Py_memtally *t)
 {
     assert(pool == _PyMemTrack_PoolOf((uintptr_t)block));
     size_t size = _PyMemTrack_PoolBlockSize(pool);
-    /* _PyMemTrack_BlockChanging(), with the pool pymalloc has. */
-    if (!_PyMemTrack_PoolChanged(pool)) {
-        _PyMemTrack_NoteChange((uintptr_t)block, 1);
-    }
     assert(!_PyMemTrack_IsData((uintptr_t)block));
     _PyMemTrack_SetMark(pool, (uintptr_t)block);
     _PyMemTrack_Count(size);
