@@ -570,13 +570,21 @@ extern struct pool_header *_PyMemTrack_NoteFree(void *block);
 extern struct pool_header *_PyMemTrack_NoteFreeInPool(void *block);
 extern struct pool_header *_PyMemTrack_NotePeakAt(void *block);
 
-/* Its bytes leave the total, which the peak is raised to first. */
+/* The peak raised to the total, if below it, before a block's free. */
 static inline struct pool_header *
-_PyMemTrack_PooledUncount(void *block, struct pool_header *pool)
+_PyMemTrack_PeakNotedAt(void *block, struct pool_header *pool)
 {
     if (_PyMemTrack_AbovePeak()) {
         pool = _PyMemTrack_NotePeakAt(block);
     }
+    return pool;
+}
+
+/* Its bytes leave the total, which the peak is raised to first. */
+static inline struct pool_header *
+_PyMemTrack_PooledUncount(void *block, struct pool_header *pool)
+{
+    pool = _PyMemTrack_PeakNotedAt(block, pool);
     _Py_memtrack.bytes -= (Py_ssize_t)_PyMemTrack_PoolBlockSize(pool);
     return pool;
 }
@@ -604,9 +612,7 @@ _PyMemTrack_ClaimedFreeNotes(struct pool_header *pool)
 static inline struct pool_header *
 _PyMemTrack_NoteClaimedFree(void *block, struct pool_header *pool)
 {
-    if (_PyMemTrack_AbovePeak()) {
-        pool = _PyMemTrack_NotePeakAt(block);
-    }
+    pool = _PyMemTrack_PeakNotedAt(block, pool);
     if (!_PyMemTrack_PoolChanged(pool)) {
         pool = _PyMemTrack_NoteFree(block);
     }
